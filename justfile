@@ -1,0 +1,32 @@
+# Recipes for working on Registry Coordinator. `./run <recipe>` bootstraps .venv first.
+
+set shell := ["bash", "-eu", "-o", "pipefail", "-c"]
+
+bin := ".venv/bin"
+
+# List the recipes
+default:
+    @just --list
+
+# Walk the tutorial workflow
+demo *args:
+    {{bin}}/coordinator demo {{args}}
+
+# Lint, format check, type check, then the whole test suite
+test *args: lint
+    {{bin}}/pytest -n 2 {{args}}
+
+# ruff (lint and format) and mypy
+lint:
+    {{bin}}/ruff check src tests
+    {{bin}}/ruff format --check src tests
+    {{bin}}/mypy
+
+# Rewrite the code in the project's format
+fmt:
+    {{bin}}/ruff format src tests
+    {{bin}}/ruff check --fix src tests
+
+# Check and test every workflow under workflows/
+workflows:
+    for w in workflows/*/; do {{bin}}/coordinator check "$w" && {{bin}}/coordinator test "$w"; done

@@ -1,0 +1,36 @@
+"""Canonical JSON: the one byte form an artifact's digest is taken over.
+
+Sorted keys, no insignificant whitespace, UTF-8 without escaping, integers as
+integers and finite floats in Python's shortest round-trip form (which is what
+RFC 8785 prescribes for the numbers workflows contain). The same data always
+gives the same bytes, whatever YAML style or key order it was written in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+class CanonicalError(ValueError):
+    """Data that has no canonical JSON form (NaN, non-string keys, sets, ...)."""
+
+
+def canonical_bytes(data: Any) -> bytes:
+    try:
+        text = json.dumps(
+            data,
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise CanonicalError(str(exc)) from None
+    return text.encode("utf-8")
+
+
+def digest_of(data: bytes) -> str:
+    """The content digest in the form operators pin: ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()

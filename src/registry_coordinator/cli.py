@@ -1,0 +1,288 @@
+"""The ``coordinator`` command line.
+
+Exit codes everywhere: 0 ok, 1 refused or invalid, 2 usage, 3 unavailable.
+User mistakes are reported as diagnostics, never as tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .artifact import Checked, check_source, load_file, workflow_file, write
+from .diagnostics import Diagnostic, Refused, Severity, sort_key
+from .drawing import dot, mermaid
+from .durations import format_duration
+from .graph import Facts, facts
+from .scenarios import read_scenarios, run_all
+from .source import load_yaml, read_source
+
+OK, INVALID, USAGE, UNAVAILABLE = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own exit code is already 2
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="coordinator", description="Registry Coordinator: durable workflows")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = commands.add_parser("check", help="check workflows offline")
+    check.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="workflow.yaml files or workflow directories",
+    )
+    check.add_argument("--format", choices=["text", "json"], default="text")
+    check.add_argument("--explain", action="store_true", help="print the graph's facts")
+
+    test = commands.add_parser("test", help="run a workflow's scenarios on a virtual clock")
+    test.add_argument("path", type=Path, metavar="PATH")
+    test.add_argument(
+        "--scenarios",
+        type=Path,
+        metavar="FILE",
+        help="scenarios file (default: scenarios.yaml beside the workflow)",
+    )
+    test.add_argument("--format", choices=["text", "json"], default="text")
+
+    package = commands.add_parser("package", help="write the immutable artifact, print its digest")
+    package.add_argument("path", type=Path, metavar="PATH")
+    package.add_argument("--output", type=Path, required=True, metavar="DIR")
+
+    digest = commands.add_parser("digest", help="verify an artifact and print its digest")
+    digest.add_argument("artifact", type=Path, metavar="ARTIFACT")
+
+    graph = commands.add_parser("graph", help="draw a workflow (source or artifact)")
+    graph.add_argument("path", type=Path, metavar="PATH")
+    graph.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
+
+    demo = commands.add_parser("demo", help="walk the tutorial workflow")
+    demo.add_argument("--workflows", type=Path, default=Path("workflows"), metavar="DIR")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {
+        "check": _check,
+        "test": _test,
+        "package": _package,
+        "digest": _digest,
+        "graph": _graph,
+        "demo": _demo,
+    }[args.command]
+    try:
+        return handler(args)
+    except Refused as refused:
+        _print_diagnostics(refused.diagnostics)
+        return INVALID
+    except KeyboardInterrupt:
+        return 130
+
+
+def _print_diagnostics(diagnostics: Sequence[Diagnostic]) -> None:
+    for diagnostic in sorted(diagnostics, key=sort_key):
+        print(diagnostic.as_text(), file=sys.stderr)
+
+
+def _check(args: argparse.Namespace) -> int:
+    reports = [check_source(path) for path in args.paths]
+    if args.format == "json":
+        print(
+            json.dumps(
+                {
+                    "ok": all(r.definition for r in reports),
+                    "workflows": [_check_json(r, args.explain) for r in reports],
+                },
+                indent=2,
+            )
+        )
+    else:
+        for report in reports:
+            _print_diagnostics(report.diagnostics)
+            if report.definition is not None:
+                wf = report.definition.workflow
+                print(f"ok {report.file}: {wf.id} version {wf.version} {report.digest}")
+                if args.explain:
+                    print(_facts_text(_facts(report)))
+    return OK if all(r.definition for r in reports) else INVALID
+
+
+def _facts(report: Checked) -> Facts:
+    assert report.definition is not None
+    definition = report.definition
+    return facts(definition.workflow, lambda step: definition.operations[step.id].is_mutation)
+
+
+def _facts_text(found: Facts) -> str:
+    lines = [
+        f"  paths: {found.path_count}",
+        f"  most calls in one run: {found.max_calls}",
+        f"  most mutations in one run: {found.max_mutations}",
+        f"  longest total wait with timeouts: {format_duration(found.longest_bounded_wait)}"
+        + (
+            " (some waits are open-ended, bounded by the deadline "
+            f"{format_duration(found.deadline)})"
+            if found.open_ended_wait
+            else ""
+        ),
+    ]
+    for path, mutations in zip(found.paths, found.mutations_per_path, strict=True):
+        lines.append(
+            f"  - {' -> '.join(path)}  ({mutations} mutation{'s' if mutations != 1 else ''})"
+        )
+    if found.path_count > len(found.paths):
+        lines.append("  (too many paths to list)")
+    return "\n".join(lines)
+
+
+def _check_json(report: Checked, explain: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "file": report.file,
+        "ok": report.definition is not None,
+        "diagnostics": [d.as_json() for d in sorted(report.diagnostics, key=sort_key)],
+    }
+    if report.definition is not None:
+        entry.update(
+            id=report.definition.id, version=report.definition.version, digest=report.digest
+        )
+        if explain:
+            found = _facts(report)
+            entry["facts"] = {
+                "pathCount": found.path_count,
+                "paths": [
+                    {"steps": p, "mutations": m}
+                    for p, m in zip(found.paths, found.mutations_per_path, strict=True)
+                ],
+                "maxCalls": found.max_calls,
+                "maxMutations": found.max_mutations,
+                "longestBoundedWait": format_duration(found.longest_bounded_wait),
+                "openEndedWait": found.open_ended_wait,
+                "deadline": format_duration(found.deadline),
+            }
+    return entry
+
+
+def _checked(path: Path) -> Checked:
+    report = check_source(path)
+    if report.definition is None:
+        raise Refused(report.diagnostics)
+    _print_diagnostics([d for d in report.diagnostics if d.severity is Severity.WARNING])
+    return report
+
+
+def _test(args: argparse.Namespace) -> int:
+    report = _checked(args.path)
+    assert report.definition is not None
+    scenarios_file = args.scenarios or workflow_file(args.path).parent / "scenarios.yaml"
+    document, source = load_yaml(read_source(scenarios_file), str(scenarios_file))
+    scenarios = read_scenarios(document, source, report.definition)
+    outcomes = run_all(report.definition, scenarios, str(scenarios_file))
+    failed = [name for name, _, problems in ((s.name, o, p) for s, o, p in outcomes) if problems]
+    if args.format == "json":
+        print(
+            json.dumps(
+                {
+                    "ok": not failed,
+                    "scenarios": [
+                        {
+                            "name": s.name,
+                            "ok": not p,
+                            "path": o.path,
+                            "state": o.state,
+                            "outcome": o.outcome,
+                            "output": o.output,
+                            "failure": o.failure,
+                            "hold": o.hold,
+                            "elapsed": format_duration(o.elapsed),
+                            "mismatches": p,
+                        }
+                        for s, o, p in outcomes
+                    ],
+                },
+                indent=2,
+            )
+        )
+    else:
+        for scenario, ended, problems in outcomes:
+            status = "ok  " if not problems else "FAIL"
+            summary = ended.outcome or ended.failure or ended.hold or ""
+            print(
+                f"{status} {scenario.name}: {ended.state} {summary} after "
+                f"{format_duration(ended.elapsed)} via {' -> '.join(ended.path)}"
+            )
+            for problem in problems:
+                print(f"     {problem}")
+        print(f"{len(outcomes) - len(failed)} of {len(outcomes)} scenarios passed")
+    return INVALID if failed else OK
+
+
+def _package(args: argparse.Namespace) -> int:
+    report = _checked(args.path)
+    assert report.definition is not None and report.artifact is not None
+    target = write(report.artifact, report.definition, args.output)
+    print(f"wrote {target}", file=sys.stderr)
+    print(report.digest)
+    return OK
+
+
+def _digest(args: argparse.Namespace) -> int:
+    _, digest = load_file(args.artifact)
+    print(digest)
+    return OK
+
+
+def _graph(args: argparse.Namespace) -> int:
+    if args.path.suffix == ".json":
+        definition, _ = load_file(args.path)
+    else:
+        report = _checked(args.path)
+        assert report.definition is not None
+        definition = report.definition
+    draw = mermaid if args.format == "mermaid" else dot
+    sys.stdout.write(draw(definition.workflow))
+    return OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    tutorial = args.workflows / "review-application"
+    if not (tutorial / "workflow.yaml").is_file():
+        print(
+            f"coordinator demo: {tutorial}/workflow.yaml not found; run it from the "
+            "project's directory or give --workflows DIR",
+            file=sys.stderr,
+        )
+        return USAGE
+    print(
+        "Registry Coordinator tutorial, offline part: the service, the stand-in products and\n"
+        "the live run are not built yet (engine, calls, wait-for and demo issues).\n"
+    )
+    report = _checked(tutorial)
+    assert report.definition is not None
+    print(f"1. check: {report.definition.id} version {report.definition.version} is valid")
+    print(_facts_text(_facts(report)))
+    print(
+        f"\n2. package: the artifact is {len(report.artifact or b'')} bytes, digest {report.digest}"
+    )
+    print("\n3. test: the scenarios run on a virtual clock")
+    test_args = argparse.Namespace(path=tutorial, scenarios=None, format="text")
+    result = _test(test_args)
+    print("\n4. graph (Mermaid):")
+    sys.stdout.write(mermaid(report.definition.workflow))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

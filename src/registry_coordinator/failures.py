@@ -1,0 +1,43 @@
+"""The closed lists of why a run failed and why it is held for an operator.
+
+These codes are part of the product's contract: they appear in run status, in
+history, in metrics labels and in the operator runbook. Add one only with its
+documentation.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureCode(StrEnum):
+    """Why a run ended ``failed`` (or ``expired``). Terminal: nothing is retried."""
+
+    PRODUCT_REFUSED = "product-refused"
+    """The product answered 4xx (not 401/403/429): it refused the command as sent."""
+    REQUEST_INVALID = "request-invalid"
+    """The evaluated call input does not satisfy the operation's request schema."""
+    EXPRESSION_ERROR = "expression-error"
+    """An expression failed at run time (a missing field, a wrong type, division by zero)."""
+    OUTPUT_INVALID = "output-invalid"
+    """The finish step's evaluated output does not satisfy its outcome's schema."""
+    DEADLINE_REACHED = "deadline-reached"
+    """The run's deadline passed before it finished (the run is ``expired``)."""
+
+
+class HoldCode(StrEnum):
+    """Why a run is ``held``: Coordinator cannot safely decide, an operator must."""
+
+    PRODUCT_FORBIDDEN = "product-forbidden"
+    """The product answered 401/403: Coordinator's service identity was refused.
+    Fix the identity's configuration or the product's policy, then ``retry-same``."""
+    OUTCOME_UNKNOWN = "outcome-unknown"
+    """A mutation may have reached the product but no usable answer came back
+    (timeout, reset, 5xx). ``reconcile`` where a receipt exists, else check the
+    product and ``retry-same`` or ``cancel``."""
+    RESPONSE_INVALID = "response-invalid"
+    """A mutation was answered 2xx with a body that breaks the operation's schema:
+    it probably took effect, but its result cannot be used."""
+    DISPATCH_INTERRUPTED = "dispatch-interrupted"
+    """Coordinator stopped (crash or shutdown) after sending a mutation and before
+    recording its answer."""
