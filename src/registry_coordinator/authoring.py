@@ -480,6 +480,7 @@ def _step(reader: Reader, step_id: str, body: JSON, path: DataPath) -> Step | No
             "add 'next:' naming the step that follows (ending, eventually, in a finish step)",
             path,
         )
+        optional = [*optional, *(r for r in required if r in ("next", "otherwise"))]
         required = [r for r in required if r not in ("next", "otherwise")]
     complete = reader.fields(data, path, what, required, optional)
     if step_type == "call":

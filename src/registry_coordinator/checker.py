@@ -47,6 +47,7 @@ from .expressions import (
     TemplateError,
     parse_template,
     template_expressions,
+    type_name,
 )
 from .graph import find_cycle, reachable, scopes
 from .source import DataPath, SourceMap
@@ -390,6 +391,12 @@ class _Checker:
                 f"{root} is read as a whole",
                 f"name one step: {root}.<step id>",
             )
+        if root == "now":
+            return (
+                "expression.unknown-variable",
+                "there is no 'now': a run's decisions depend only on its recorded data",
+                "use run.admitted_at, run.deadline_at or completed.<step id> with a duration",
+            )
         if root == "run":
             return (
                 "expression.unknown-variable",
@@ -516,7 +523,8 @@ def _schema_mismatch(error: jsonschema.ValidationError) -> str | None:
         ):
             return None
         return (
-            f"the expression gives a {instance.kind}, but {'/'.join(map(str, allowed))} is needed"
+            f"the expression gives {type_name(instance.kind)}, "
+            f"but {' or '.join(map(str, allowed))} is needed"
         )
     if _contains_unknown(instance) and error.validator not in (
         "required",

@@ -38,21 +38,20 @@ def parse_duration(text: str) -> timedelta:
 
 def format_duration(value: timedelta) -> str:
     """The shortest ISO 8601 spelling of a non-negative timedelta (days, not weeks)."""
-    total = value.total_seconds()
-    if total < 0:
+    if value < timedelta(0):
         raise ValueError("negative durations have no ISO 8601 form here")
     days, rest = divmod(value, timedelta(days=1))
     hours, rest = divmod(rest, timedelta(hours=1))
     minutes, rest = divmod(rest, timedelta(minutes=1))
-    seconds = rest.total_seconds()
+    seconds, micros = divmod(rest // timedelta(microseconds=1), 1_000_000)
     text = "P" + (f"{days}D" if days else "")
     clock = ""
     if hours:
         clock += f"{hours}H"
     if minutes:
         clock += f"{minutes}M"
-    if seconds:
-        clock += f"{seconds:g}S"
+    if seconds or micros:
+        clock += str(seconds) + (f".{micros:06d}".rstrip("0") if micros else "") + "S"
     if clock:
         text += "T" + clock
     return text if text != "P" else "PT0S"

@@ -153,11 +153,17 @@ class Environment:
         kind = program.return_type().name()
         allowed = set(expect)
         if allowed and kind != "DYN" and kind not in allowed:
-            wanted = " or ".join(sorted(k.lower() for k in allowed))
+            wanted = " or ".join(type_name(k) for k in sorted(allowed))
             raise CompileError(
-                [Problem("type", f"the expression gives a {kind.lower()}, not a {wanted}", 1, 1)]
+                [Problem("type", f"the expression gives {type_name(kind)}, not {wanted}", 1, 1)]
             )
         return Compiled(source, program, kind)
+
+
+def type_name(kind: str) -> str:
+    """A CEL static type as a message reads it: 'an int', 'a timestamp', 'a list'."""
+    word = kind.split("<", maxsplit=1)[0].lower()
+    return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 def _problems(text: str) -> list[Problem]:
@@ -338,6 +344,16 @@ def parse_instant(text: str) -> datetime:
     return value.astimezone(UTC)
 
 
+def _holds_nul(value: JSON) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in k or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
 def variables(
     *,
     input: JSON,
@@ -347,7 +363,14 @@ def variables(
     admitted_at: datetime,
     deadline_at: datetime,
 ) -> dict[str, Any]:
-    """The activation a run's expressions evaluate against: only its recorded data."""
+    """The activation a run's expressions evaluate against: only its recorded data.
+
+    cel-cpp cuts strings at a NUL character, so data holding one is refused here
+    rather than silently read short.
+    """
+    for name, value in (("input", input), *outputs.items()):
+        if _holds_nul(value):
+            raise EvaluationError(f"{name} holds a NUL character, which expressions cannot read")
     data: dict[str, Any] = {
         "input": input,
         "run.id": run_id,

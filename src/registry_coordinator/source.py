@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from yaml.composer import ComposerError
@@ -34,7 +34,15 @@ MAX_DEPTH = 32
 #: A location inside a document: mapping keys and sequence indexes from the root.
 DataPath = tuple[str | int, ...]
 
+_KINDS = {int: "number", float: "number", bool: "boolean", type(None): "null"}
 _PLAIN = "tag:registry-coordinator:plain"
+#: Explicit YAML core tags are accepted where the value really is of that type.
+_CORE: dict[str, type | tuple[type, ...]] = {
+    "tag:yaml.org,2002:bool": bool,
+    "tag:yaml.org,2002:int": int,
+    "tag:yaml.org,2002:float": (float, int),
+    "tag:yaml.org,2002:null": type(None),
+}
 _STR = "tag:yaml.org,2002:str"
 _SEQ = "tag:yaml.org,2002:seq"
 _MAP = "tag:yaml.org,2002:map"
@@ -50,10 +58,12 @@ _NONFINITE = re.compile(r"^(?:[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 
 @dataclass(frozen=True)
 class Located:
-    """Where a value starts, and how its text is quoted (to place expression errors)."""
+    """Where a value starts, whether it is a mapping or list, and whether its text is
+    quoted (to place expression errors)."""
 
     position: Position
-    quoted: bool
+    quoted: bool = False
+    collection: bool = False
 
 
 @dataclass
@@ -65,13 +75,17 @@ class SourceMap:
     keys: dict[DataPath, Position] = field(default_factory=dict)
 
     def at(self, path: DataPath, *, key: bool = False) -> Position | None:
-        """The position of ``path`` (its key if asked), else of its nearest ancestor."""
-        if key and path in self.keys:
-            return self.keys[path]
+        """Where to point for ``path``: its key if asked, or if its value is a block
+        mapping or list (which starts on the line after); else where the value
+        starts. A path without a position falls back to its nearest ancestor."""
         for cut in range(len(path), -1, -1):
-            found = self.values.get(path[:cut])
-            if found is not None:
-                return found.position
+            prefix = path[:cut]
+            found = self.values.get(prefix)
+            if found is None:
+                continue
+            if (key or found.collection) and prefix in self.keys:
+                return self.keys[prefix]
+            return found.position
         return None
 
     def expression_origin(self, path: DataPath) -> tuple[Position, int] | None:
@@ -187,32 +201,23 @@ def load_yaml(data: bytes, file: str) -> tuple[Any, SourceMap]:
             Position(line, column),
         ) from None
 
-    loader = _Loader(text)
     try:
-        try:
-            root = loader.get_single_node()
-        except ComposerError as exc:
-            if "expected a single document" in str(exc.problem):
-                raise refuse(
-                    "yaml.multiple-documents",
-                    "the file holds more than one YAML document",
-                    "keep one document per file; remove the extra '---' section",
-                    _position(exc.problem_mark),
-                ) from None
-            raise
+        root = _compose(text)
     except _SourceError as exc:
         raise refuse(exc.code, exc.message, exc.repair, exc.position) from None
-    except yaml.MarkedYAMLError as exc:
-        problem = exc.problem or "malformed YAML"
-        context = f" ({exc.context})" if exc.context else ""
+    except ComposerError as exc:
+        if "expected a single document" not in str(exc.context):
+            raise _syntax(exc, file) from None
         raise refuse(
-            "yaml.syntax",
-            f"{problem}{context}",
-            "fix the YAML at this position (indentation, quotes and brackets are the usual causes)",
+            "yaml.multiple-documents",
+            "the file holds more than one YAML document",
+            "keep one document per file; remove the extra '---' section",
             _position(exc.problem_mark),
         ) from None
+    except yaml.MarkedYAMLError as exc:
+        raise _syntax(exc, file) from None
     except yaml.YAMLError as exc:
-        # ReaderError: control characters or other bytes YAML does not allow.
+        # ReaderError: control characters or other code points YAML does not allow.
         position = None
         index = getattr(exc, "position", None)
         if isinstance(index, int):
@@ -224,8 +229,6 @@ def load_yaml(data: bytes, file: str) -> tuple[Any, SourceMap]:
             "save the file as plain UTF-8 text without control characters",
             position,
         ) from None
-    finally:
-        loader.dispose()
 
     if root is None:
         raise refuse(
@@ -238,24 +241,59 @@ def load_yaml(data: bytes, file: str) -> tuple[Any, SourceMap]:
     return _convert(root, (), source), source
 
 
+def _compose(text: str) -> Node | None:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_node()
+    finally:
+        loader.dispose()
+
+
+def _syntax(exc: yaml.MarkedYAMLError, file: str) -> Refused:
+    problem = exc.problem or "malformed YAML"
+    context = f" ({exc.context})" if exc.context else ""
+    return Refused(
+        [
+            Diagnostic(
+                "yaml.syntax",
+                f"{problem}{context}",
+                "fix the YAML here (indentation, quotes and brackets are the usual causes)",
+                file,
+                _position(exc.problem_mark),
+            )
+        ]
+    )
+
+
 def _convert(node: Node, path: DataPath, source: SourceMap) -> Any:
     position = _position(node.start_mark) or Position(1, 1)
     quoted = isinstance(node, ScalarNode) and node.style in ("'", '"')
-    source.values[path] = Located(position, quoted)
+    source.values[path] = Located(position, quoted, not isinstance(node, ScalarNode))
 
     def refuse(code: str, message: str, repair: str, at: Position = position) -> Refused:
         return Refused([Diagnostic(code, message, repair, source.file, at)])
 
     if isinstance(node, ScalarNode):
-        if node.tag == _STR:
-            return node.value
-        if node.tag != _PLAIN:
+        if "\x00" in node.value:
             raise refuse(
                 "yaml.unsupported-value",
-                f"the tag {node.tag} is not allowed",
-                "remove the tag; quote the value if it should be a string",
+                "the text holds a NUL character, which cannot be stored or evaluated",
+                "remove the \\0 escape",
             )
-        return _plain_scalar(node.value, refuse)
+        if node.tag == _STR:
+            return node.value
+        if node.tag == _PLAIN:
+            return _plain_scalar(node.value, refuse)
+        if node.tag in _CORE:
+            value = _plain_scalar(node.value, refuse)
+            is_bool = isinstance(value, bool)
+            if isinstance(value, _CORE[node.tag]) and is_bool == node.tag.endswith("bool"):
+                return float(cast(float, value)) if node.tag.endswith("float") else value
+        raise refuse(
+            "yaml.unsupported-value",
+            f"the tag {node.tag} is not allowed on {node.value!r}",
+            "remove the tag; quote the value if it should be a string",
+        )
     if isinstance(node, SequenceNode):
         if node.tag != _SEQ:
             raise refuse(
@@ -289,10 +327,11 @@ def _convert(node: Node, path: DataPath, source: SourceMap) -> Any:
                 key_at,
             )
         key = key_node.value
-        if key_node.tag == _PLAIN and not isinstance(_plain_scalar(key, refuse), str):
+        resolved = _plain_scalar(key, refuse) if key_node.tag == _PLAIN else key
+        if not isinstance(resolved, str):
             raise refuse(
                 "yaml.non-string-key",
-                f"the key {key!r} reads as a {type(_plain_scalar(key, refuse)).__name__}",
+                f"the key {key!r} reads as a {_KINDS[type(resolved)]}, not a string",
                 f"quote the key: '{key}'",
                 key_at,
             )
