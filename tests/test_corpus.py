@@ -31,6 +31,10 @@ ELSEWHERE = {
     "artifact.exists",
     "scenario.invalid",
     "scenario.failed",
+    "config.invalid-value",
+    "config.secret-literal",
+    "config.secret-unavailable",
+    "config.digest-mismatch",
 }
 
 

@@ -23,7 +23,6 @@ from .authoring import (
     WaitFor,
     WaitUntil,
     Workflow,
-    describe,
     read_workflow,
     step_type,
 )
@@ -49,6 +48,7 @@ from .expressions import (
     template_expressions,
     type_name,
 )
+from .fields import describe
 from .graph import find_cycle, reachable, scopes
 from .source import DataPath, SourceMap
 

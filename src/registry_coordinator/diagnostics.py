@@ -84,6 +84,11 @@ CODES: dict[str, str] = {
     "artifact.invalid": "the file is not a Registry Coordinator artifact",
     "artifact.not-canonical": "the artifact's bytes are not its canonical JSON form",
     "artifact.exists": "the output file already exists with other content",
+    # the service configuration
+    "config.invalid-value": "a configuration value is out of range or contradicts another",
+    "config.secret-literal": "a secret is written in the configuration instead of referenced",
+    "config.secret-unavailable": "a secret's env: variable or file: is missing",
+    "config.digest-mismatch": "a pinned artifact's bytes do not have the pinned digest",
     # scenarios (coordinator test)
     "scenario.invalid": "a scenario names something the workflow does not have",
     "scenario.failed": "a scenario's run did not end as it expects",

@@ -344,13 +344,13 @@ def parse_instant(text: str) -> datetime:
     return value.astimezone(UTC)
 
 
-def _holds_nul(value: JSON) -> bool:
+def holds_nul(value: JSON) -> bool:
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, dict):
-        return any("\x00" in k or _holds_nul(v) for k, v in value.items())
+        return any("\x00" in k or holds_nul(v) for k, v in value.items())
     if isinstance(value, list):
-        return any(_holds_nul(v) for v in value)
+        return any(holds_nul(v) for v in value)
     return False
 
 
@@ -369,7 +369,7 @@ def variables(
     rather than silently read short.
     """
     for name, value in (("input", input), *outputs.items()):
-        if _holds_nul(value):
+        if holds_nul(value):
             raise EvaluationError(f"{name} holds a NUL character, which expressions cannot read")
     data: dict[str, Any] = {
         "input": input,

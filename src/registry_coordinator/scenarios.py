@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .authoring import Call, Reader, WaitFor, describe
+from .authoring import Call, WaitFor
 from .definition import Definition
 from .diagnostics import Diagnostic, Refused
 from .durations import format_duration
 from .expressions import parse_instant
+from .fields import Reader, describe
 from .source import DataPath, SourceMap
 from .steps import (
     Advance,

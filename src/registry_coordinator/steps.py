@@ -126,7 +126,39 @@ class Retry:
     detail: str
 
 
-Transition = Advance | Finished | Failed | Held | Sleep | Await | Send | Retry
+@dataclass(frozen=True)
+class Expire:
+    """The run's deadline has passed: it ends ``expired`` wherever it was."""
+
+
+Transition = Advance | Finished | Failed | Held | Sleep | Await | Send | Retry | Expire
+
+
+def on_due(
+    definition: Definition,
+    run: RunRecord,
+    step_id: str,
+    waiting: bool,
+    timer_at: datetime | None,
+    now: datetime,
+) -> Transition | None:
+    """What a run does when it falls due at ``now``; ``None`` when nothing is due yet.
+
+    A run falls due when its deadline passes, when its step's own instant comes
+    (a wait-until, a wait-for's timeout, a call's retry), or when it is runnable.
+    """
+    if now >= run.deadline_at:
+        return Expire()
+    if timer_at is not None and now < timer_at:
+        return None
+    if waiting:
+        step = definition.step(step_id)
+        if isinstance(step, WaitUntil):
+            return woke(definition, step_id)
+        if isinstance(step, WaitFor) and timer_at is not None:
+            return timed_out(definition, step_id)
+        return None
+    return enter(definition, step_id, run, now)
 
 
 # --- entering a step ----------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""Admission: turning a start request into a run, or a precise reason it is refused."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from . import store
+from .database import Database
+from .expressions import holds_nul
+from .timers import Timer
+from .workflows import Workflows
+
+JSON = Any
+START_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+
+
+class Refusal(Exception):
+    """A start that changes nothing, with its HTTP status, stable code and explanation."""
+
+    def __init__(self, status: int, code: str, detail: str, **extra: JSON) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.extra = status, code, detail, extra
+
+
+@dataclass(frozen=True)
+class Started:
+    run_id: str
+    created: bool
+
+
+async def start(
+    db: Database,
+    workflows: Workflows,
+    timer: Timer,
+    caller: str,
+    start_key: str | None,
+    body: JSON,
+) -> Started:
+    if start_key is None:
+        raise Refusal(
+            400,
+            "request.idempotency-key-missing",
+            "send an Idempotency-Key header: a value you choose, reused on retries",
+        )
+    if not START_KEY.match(start_key):
+        raise Refusal(
+            400,
+            "request.idempotency-key-invalid",
+            "the Idempotency-Key must be 1 to 200 visible ASCII characters",
+        )
+    if not isinstance(body, dict):
+        raise Refusal(
+            400, "request.invalid", "the body must be a JSON object {workflow, version?, input}"
+        )
+    unknown = sorted(set(body) - {"workflow", "version", "input"})
+    if unknown:
+        raise Refusal(
+            400,
+            "request.invalid",
+            f"unknown fields: {', '.join(unknown)}; "
+            "a start has workflow, version (optional) and input",
+        )
+    workflow, version = body.get("workflow"), body.get("version")
+    if not isinstance(workflow, str) or (version is not None and not isinstance(version, str)):
+        raise Refusal(400, "request.invalid", "workflow (and version, if given) must be strings")
+    if "input" not in body:
+        raise Refusal(400, "request.invalid", "the start needs an input (use {} for none)")
+    pinned = workflows.for_start(workflow, version)
+    if pinned is None:
+        named = f"{workflow} version {version}" if version else workflow
+        raise Refusal(
+            404,
+            "workflow.not-pinned",
+            f"no pinned workflow {named}",
+            pinned=sorted({f"{p.definition.id}@{p.definition.version}" for p in workflows.pinned}),
+        )
+    problems = pinned.definition.schema_errors(
+        pinned.definition.workflow.input_schema, body["input"]
+    )
+    if holds_nul(body["input"]):
+        problems.append("the input holds a NUL character (\\u0000), which cannot be stored")
+    if problems:
+        raise Refusal(
+            422,
+            "input.invalid",
+            "the input does not fit the workflow's input schema",
+            errors=problems,
+        )
+    try:
+        admitted = await store.admit(
+            db, pinned.definition, pinned.digest, caller, start_key, body["input"]
+        )
+    except store.KeyReused as reused:
+        raise Refusal(
+            409,
+            "run.key-reused",
+            "this Idempotency-Key already started a run with a different input",
+            run=str(reused.run_id),
+        ) from None
+    if admitted.created:
+        timer.runnable()
+    return Started(str(admitted.run_id), admitted.created)

@@ -1,0 +1,171 @@
+"""The HTTP front end (quart-trio): JSON in, JSON out, RFC 9457 problems for every error.
+
+Every error a caller can cause is answered with ``application/problem+json``
+carrying a stable ``code`` and a ``detail`` that says what to change; nothing a
+caller sends produces a 5xx or a stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from . import admission, store
+from .database import Database, Row
+from .expressions import format_instant
+from .timers import Timer
+from .workflows import Workflows
+
+JSON = Any
+PROBLEM_TYPE = "https://registrystack.org/problems/coordinator/"
+ANONYMOUS = "anonymous"
+
+
+@dataclass
+class Context:
+    """What the handlers work with; built by the service before it serves."""
+
+    db: Database
+    workflows: Workflows
+    timer: Timer
+
+
+def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
+    body = {
+        "type": PROBLEM_TYPE + code,
+        "title": _TITLES.get(status, "Request refused"),
+        "status": status,
+        "code": code,
+        "detail": detail,
+        **extra,
+    }
+    return Response(json.dumps(body), status=status, content_type="application/problem+json")
+
+
+_TITLES = {
+    400: "Bad request",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Request body too large",
+    415: "Unsupported media type",
+    422: "Unprocessable input",
+}
+
+
+def _json(body: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps(body), status=status, content_type="application/json", headers=headers or {}
+    )
+
+
+def _instant(value: datetime | None) -> str | None:
+    return format_instant(value) if value is not None else None
+
+
+def run_status(row: Row) -> JSON:
+    """A run's status as the API shows it."""
+    return {
+        "id": str(row["id"]),
+        "workflow": {"id": row["workflow_id"], "version": row["version"], "digest": row["digest"]},
+        "state": row["state"],
+        "step": row["step"],
+        "outcome": row["outcome"],
+        "output": row["output"],
+        "failure": {"code": row["failure_code"], "detail": row["detail"]}
+        if row["failure_code"]
+        else None,
+        "hold": {"code": row["hold_code"], "detail": row["detail"]} if row["hold_code"] else None,
+        "admittedAt": _instant(row["admitted_at"]),
+        "deadlineAt": _instant(row["deadline_at"]),
+        "updatedAt": _instant(row["updated_at"]),
+        "endedAt": _instant(row["ended_at"]),
+    }
+
+
+def create_app(context: Context, body_limit: int) -> QuartTrio:
+    app = QuartTrio(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = body_limit
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        code = {
+            404: "route.not-found",
+            405: "route.method-not-allowed",
+            413: "request.too-large",
+        }.get(status, "request.invalid")
+        detail = {413: f"the body is larger than {body_limit} bytes"}.get(
+            status, error.description or "the request was refused"
+        )
+        return problem(status, code, detail)
+
+    @app.post("/v1/runs")
+    async def start_run() -> Response:
+        raw = await request.get_data(as_text=False)
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            return problem(400, "request.malformed-json", f"the body is not JSON: {exc}")
+        try:
+            started = await admission.start(
+                context.db,
+                context.workflows,
+                context.timer,
+                ANONYMOUS,
+                request.headers.get("Idempotency-Key"),
+                body,
+            )
+        except admission.Refusal as refusal:
+            return problem(refusal.status, refusal.code, refusal.detail, **refusal.extra)
+        row = await store.status(context.db, uuid.UUID(started.run_id))
+        assert row is not None
+        status = 201 if started.created else 200
+        return _json(run_status(row), status, {"Location": f"/v1/runs/{started.run_id}"})
+
+    @app.get("/v1/runs/<run_id>")
+    async def get_run(run_id: str) -> Response:
+        row = await _find(run_id)
+        if row is None:
+            return problem(404, "run.not-found", f"no run {run_id} that you may see")
+        return _json(run_status(row))
+
+    @app.get("/v1/runs/<run_id>/history")
+    async def get_history(run_id: str) -> Response:
+        row = await _find(run_id)
+        if row is None:
+            return problem(404, "run.not-found", f"no run {run_id} that you may see")
+        events = await store.history(context.db, row["id"])
+        return _json(
+            {
+                "run": str(row["id"]),
+                "events": [
+                    {
+                        "seq": e["seq"],
+                        "at": format_instant(e["at"]),
+                        "kind": e["kind"],
+                        "step": e["step"],
+                        "actor": e["actor"],
+                        "detail": e["detail"],
+                    }
+                    for e in events
+                ],
+            }
+        )
+
+    async def _find(run_id: str) -> Row | None:
+        try:
+            parsed = uuid.UUID(run_id)
+        except ValueError:
+            return None
+        return await store.status(context.db, parsed)
+
+    return app

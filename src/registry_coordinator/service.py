@@ -1,0 +1,96 @@
+"""``coordinator serve``: one Trio nursery supervising the whole service.
+
+Startup is ordered so that nothing is served before it can be trusted: the
+configuration and every pinned artifact are verified offline first; then the
+database is reached, its server version and schema checked (embedded mode
+migrates itself); then the timer, the engine workers and the HTTP front end
+start, each reporting readiness through ``task_status.started()``.
+
+SIGTERM or SIGINT starts the graceful shutdown: workers stop claiming and finish
+the step they are on, then the HTTP front end and the timer are cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+import trio
+import trio_asyncio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from .api import Context, create_app
+from .config import Config
+from .database import Database
+from .embedded import EmbeddedPostgres
+from .migrations import check_server, migrate, require_current
+from .timers import Timer
+from .worker import Engine
+from .workflows import Workflows
+
+log = logging.getLogger(__name__)
+SHUTDOWN_GRACE = timedelta(seconds=10)
+
+
+@asynccontextmanager
+async def open_database_unchecked(config: Config) -> AsyncIterator[Database]:
+    """Connect to the configured database, starting the embedded one if asked."""
+    embedded = None
+    dsn = config.database.dsn
+    if config.database.embedded is not None:
+        embedded = EmbeddedPostgres(config.database.embedded)
+        dsn = await trio.to_thread.run_sync(embedded.start)
+    assert dsn is not None
+    try:
+        db = await Database.open(dsn, config.database.pool_size)
+        try:
+            yield db
+        finally:
+            await db.close()
+    finally:
+        if embedded is not None:
+            await trio.to_thread.run_sync(embedded.stop)
+
+
+@asynccontextmanager
+async def open_database(config: Config) -> AsyncIterator[Database]:
+    """The configured database, checked to be PostgreSQL 17+ with this build's schema
+    (which the embedded database is migrated to by itself)."""
+    async with open_database_unchecked(config) as db:
+        version = await check_server(db)
+        if config.database.embedded is not None:
+            for migration in await migrate(db):
+                log.info("applied schema migration %04d %s", migration.version, migration.name)
+        await require_current(db)
+        log.info("database ready: PostgreSQL %s", version)
+        yield db
+
+
+async def serve(config: Config, workflows: Workflows) -> None:
+    async with trio_asyncio.open_loop(), open_database(config) as db:
+        await workflows.store(db)
+        timer = Timer(db, config.engine.sweep_interval)
+        engine = Engine(db, workflows, timer, config.engine)
+        app = create_app(Context(db, workflows, timer), config.request_body_limit)
+        http = HypercornConfig()
+        http.bind = [f"{config.host}:{config.port}"]
+        http.accesslog = None
+        http.graceful_timeout = SHUTDOWN_GRACE.total_seconds()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(timer.run)
+                await nursery.start(engine.run)
+                bound = await nursery.start(hypercorn_serve, app, http)
+                log.info("listening on %s", " ".join(bound))
+                async for received in signals:
+                    log.info("received %s: shutting down", signal.Signals(received).name)
+                    break
+                engine.stop()
+                with trio.move_on_after(SHUTDOWN_GRACE.total_seconds()):
+                    await engine.stopped.wait()
+                nursery.cancel_scope.cancel()
+    log.info("stopped")

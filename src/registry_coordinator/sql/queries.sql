@@ -1,0 +1,114 @@
+-- Named queries of Registry Coordinator. Each starts with a `-- name:` line and
+-- takes psycopg named parameters, %(name)s. Loaded by database.py at import.
+
+-- name: server_version
+SELECT current_setting('server_version_num')::integer AS version,
+       current_setting('server_version') AS text;
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS coordinator_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    checksum    text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_table_exists
+SELECT to_regclass('coordinator_migrations') IS NOT NULL AS present;
+
+-- name: applied_migrations
+SELECT version, name, checksum FROM coordinator_migrations ORDER BY version;
+
+-- name: record_migration
+INSERT INTO coordinator_migrations (version, name, checksum)
+VALUES (%(version)s, %(name)s, %(checksum)s);
+
+-- name: lock_migrations
+SELECT pg_advisory_xact_lock(7261150001);
+
+-- name: store_definition
+INSERT INTO definitions (digest, workflow_id, version, artifact)
+VALUES (%(digest)s, %(workflow_id)s, %(version)s, %(artifact)s)
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: definition_artifact
+SELECT artifact FROM definitions WHERE digest = %(digest)s;
+
+-- name: admit_run
+-- A new run, due at once. Nothing is inserted when the caller already used the key.
+WITH admitted AS (
+    INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest, input,
+                      state, step, seq, due_at, admitted_at, deadline_at, updated_at)
+    VALUES (%(id)s, %(digest)s, %(workflow_id)s, %(caller)s, %(start_key)s, %(input_digest)s,
+            %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now())
+    ON CONFLICT (caller, start_key) DO NOTHING
+    RETURNING id, step, admitted_at
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
+RETURNING run_id;
+
+-- name: run_by_start_key
+SELECT id, input_digest FROM runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
+
+-- name: run_status
+SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
+       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at
+FROM runs r JOIN definitions d ON d.digest = r.digest
+WHERE r.id = %(id)s;
+
+-- name: run_history
+SELECT seq, at, kind, step, actor, detail FROM run_events WHERE run_id = %(id)s ORDER BY seq;
+
+-- name: claim_run
+-- Take the earliest due run nobody holds, and hold it until the lease runs out:
+-- due_at becomes the lease's expiry, so a crashed holder's run falls due again.
+UPDATE runs r
+SET due_at = clock_timestamp() + %(lease)s, lease_owner = %(owner)s
+FROM (
+    SELECT id FROM runs
+    WHERE due_at <= clock_timestamp()
+    ORDER BY due_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE r.id = due.id
+RETURNING r.id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
+          r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
+          clock_timestamp() AS now;
+
+-- name: next_due
+-- Seconds until the earliest due run (negative when overdue), NULL when none.
+SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8 AS seconds
+FROM runs WHERE due_at IS NOT NULL;
+
+-- name: transition
+-- Commit one transition and its history event, only if this worker still holds
+-- the run at the sequence number it read: a run never moves twice from one state.
+WITH moved AS (
+    UPDATE runs
+    SET state = %(state)s, step = %(step)s, seq = seq + 1, attempt = %(attempt)s,
+        timer_at = %(timer_at)s, due_at = %(due_at)s, lease_owner = %(lease_owner)s,
+        outputs = outputs || %(outputs)s, completed = completed || %(completed)s,
+        outcome = %(outcome)s, output = %(output)s, failure_code = %(failure_code)s,
+        hold_code = %(hold_code)s, detail = %(detail)s, updated_at = %(now)s,
+        ended_at = %(ended_at)s
+    WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s
+    RETURNING id, seq
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, seq, %(now)s, %(kind)s, %(event_step)s, 'coordinator', %(event)s FROM moved
+RETURNING seq;
+
+-- name: release_run
+-- Give a claimed run back without a transition (nothing was due yet).
+UPDATE runs SET due_at = %(due_at)s, lease_owner = NULL
+WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s;
+
+-- name: register_wait
+INSERT INTO waits (run_id, step, connection, result, key, since, timeout_at)
+VALUES (%(id)s, %(step)s, %(connection)s, %(result)s, %(key)s, %(now)s, %(timeout_at)s);
+
+-- name: drop_wait
+DELETE FROM waits WHERE run_id = %(id)s;

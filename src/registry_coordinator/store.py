@@ -1,0 +1,326 @@
+"""Runs in PostgreSQL: admission, claiming, committing transitions, reading status.
+
+Each function is one short transaction built from the named queries in
+``sql/queries.sql``. A transition and its history event are one statement, and
+it commits only while the worker still holds the run at the sequence number it
+read, so no transition is ever applied twice and none is half-applied.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import trio
+from psycopg.types.json import Jsonb
+
+from .authoring import WaitFor
+from .canonical import canonical_bytes, digest_of
+from .database import Database, Row
+from .definition import Definition
+from .expressions import format_instant, parse_instant
+from .faults import crash_point
+from .steps import (
+    Advance,
+    Await,
+    Expire,
+    Failed,
+    Finished,
+    Held,
+    Retry,
+    RunRecord,
+    Sleep,
+    Transition,
+)
+
+JSON = Any
+TERMINAL = ("finished", "failed", "expired", "cancelled")
+
+
+@dataclass(frozen=True)
+class Admitted:
+    run_id: uuid.UUID
+    created: bool  # False: the caller's key named an existing run with the same input
+
+
+class KeyReused(Exception):
+    """The caller's Idempotency-Key already started a run with a different input."""
+
+    def __init__(self, run_id: uuid.UUID) -> None:
+        super().__init__(str(run_id))
+        self.run_id = run_id
+
+
+async def store_definition(
+    db: Database, definition: Definition, digest: str, artifact: bytes
+) -> None:
+    await db.execute(
+        "store_definition",
+        {
+            "digest": digest,
+            "workflow_id": definition.id,
+            "version": definition.version,
+            "artifact": artifact,
+        },
+    )
+
+
+async def admit(
+    db: Database,
+    definition: Definition,
+    digest: str,
+    caller: str,
+    start_key: str,
+    run_input: JSON,
+) -> Admitted:
+    """Create a run due at once, or find the one this caller's key already started."""
+    input_digest = digest_of(canonical_bytes(run_input))
+    run_id = uuid.uuid4()
+    params = {
+        "id": run_id,
+        "digest": digest,
+        "workflow_id": definition.id,
+        "caller": caller,
+        "start_key": start_key,
+        "input_digest": input_digest,
+        "input": Jsonb(run_input),
+        "step": definition.workflow.start,
+        "deadline": definition.workflow.deadline,
+        "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
+    }
+    if await db.row("admit_run", params):
+        return Admitted(run_id, True)
+    existing = await db.row("run_by_start_key", {"caller": caller, "start_key": start_key})
+    assert existing is not None, "a start key conflicted, so its run exists"
+    if existing["input_digest"] != input_digest:
+        raise KeyReused(existing["id"])
+    return Admitted(existing["id"], False)
+
+
+@dataclass
+class Claimed:
+    """A run this worker holds, as it stands after the last committed transition."""
+
+    id: uuid.UUID
+    digest: str
+    input: JSON
+    state: str
+    step: str
+    seq: int
+    attempt: int
+    timer_at: datetime | None
+    outputs: dict[str, JSON]
+    completed: dict[str, datetime]
+    admitted_at: datetime
+    deadline_at: datetime
+    owner: str
+    clock: tuple[datetime, float] = field(repr=False)  # database time at claim, trio time then
+
+    @classmethod
+    def from_row(cls, row: Row) -> Claimed:
+        return cls(
+            id=row["id"],
+            digest=row["digest"],
+            input=row["input"],
+            state=row["state"],
+            step=row["step"],
+            seq=row["seq"],
+            attempt=row["attempt"],
+            timer_at=row["timer_at"],
+            outputs=row["outputs"],
+            completed={k: parse_instant(v) for k, v in row["completed"].items()},
+            admitted_at=row["admitted_at"],
+            deadline_at=row["deadline_at"],
+            owner=row["lease_owner"],
+            clock=(row["now"], trio.current_time()),
+        )
+
+    def now(self) -> datetime:
+        """The database's clock, read at claim and carried forward by Trio's monotonic one."""
+        at, since = self.clock
+        return (at + timedelta(seconds=trio.current_time() - since)).astimezone(UTC)
+
+    def record(self) -> RunRecord:
+        return RunRecord(
+            str(self.id),
+            self.input,
+            self.admitted_at,
+            self.deadline_at,
+            self.outputs,
+            self.completed,
+        )
+
+
+async def claim(db: Database, owner: str, lease: timedelta) -> Claimed | None:
+    row = await db.row("claim_run", {"owner": owner, "lease": lease})
+    return Claimed.from_row(row) if row else None
+
+
+async def next_due(db: Database) -> float | None:
+    """Seconds until the earliest due run (zero or less: due now); ``None`` when none is."""
+    row = await db.row("next_due")
+    return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+
+async def release(db: Database, run: Claimed, due_at: datetime | None) -> None:
+    await db.execute(
+        "release_run", {"id": run.id, "owner": run.owner, "seq": run.seq, "due_at": due_at}
+    )
+
+
+@dataclass(frozen=True)
+class Committed:
+    run: Claimed  # the run as it stands now
+    due_at: datetime | None  # when it next falls due, for the timer
+
+
+class LeaseLost(Exception):
+    """Another worker took the run over (this one's lease ran out); nothing was written."""
+
+
+async def commit(
+    db: Database, definition: Definition, run: Claimed, transition: Transition, lease: timedelta
+) -> Committed:
+    """Apply one transition with its history event, atomically, as the run's holder."""
+    now = run.now()
+    step = run.step
+    params: dict[str, Any] = {
+        "id": run.id,
+        "owner": run.owner,
+        "seq": run.seq,
+        "now": now,
+        "step": step,
+        "event_step": step,
+        "state": "running",
+        "attempt": 0,
+        "timer_at": None,
+        "due_at": None,
+        "lease_owner": None,
+        "outputs": {},
+        "completed": {},
+        "outcome": None,
+        "output": None,
+        "failure_code": None,
+        "hold_code": None,
+        "detail": None,
+        "ended_at": None,
+    }
+    after = replace(run, seq=run.seq + 1, attempt=0, timer_at=None)
+    wait: dict[str, Any] | None = None
+    if isinstance(transition, Advance):
+        params.update(
+            step=transition.next,
+            due_at=now + lease,
+            lease_owner=run.owner,
+            completed={step: format_instant(now)},
+            kind="step-completed",
+            event={"via": transition.via, "next": transition.next},
+        )
+        if transition.has_output:
+            params["outputs"] = {step: transition.output}
+        after = replace(
+            after,
+            step=transition.next,
+            state="running",
+            outputs={**run.outputs, **params["outputs"]},
+            completed={**run.completed, step: now},
+        )
+    elif isinstance(transition, Finished):
+        params.update(
+            state="finished",
+            completed={step: format_instant(now)},
+            outcome=transition.outcome,
+            output=Jsonb(transition.output),
+            ended_at=now,
+            kind="finished",
+            event={"outcome": transition.outcome},
+        )
+    elif isinstance(transition, Failed | Held):
+        failed = isinstance(transition, Failed)
+        params.update(
+            state="failed" if failed else "held",
+            failure_code=transition.code.value if failed else None,
+            hold_code=None if failed else transition.code.value,
+            detail=transition.detail,
+            ended_at=now if failed else None,
+            kind="failed" if failed else "held",
+            event={"code": transition.code.value, "detail": transition.detail},
+        )
+    elif isinstance(transition, Expire):
+        params.update(
+            state="expired",
+            failure_code="deadline-reached",
+            detail=f"the deadline {format_instant(run.deadline_at)} passed at step {step}",
+            ended_at=now,
+            kind="expired",
+            event={"deadline": format_instant(run.deadline_at)},
+        )
+    elif isinstance(transition, Sleep):
+        params.update(
+            state="waiting",
+            timer_at=transition.until,
+            due_at=min(transition.until, run.deadline_at),
+            kind="waiting",
+            event={"until": format_instant(transition.until)},
+        )
+    elif isinstance(transition, Await):
+        wait_step = definition.step(step)
+        assert isinstance(wait_step, WaitFor)
+        timeout = transition.timeout_at
+        params.update(
+            state="waiting",
+            timer_at=timeout,
+            due_at=min(timeout, run.deadline_at) if timeout else run.deadline_at,
+            kind="waiting",
+            event={
+                "result": wait_step.result,
+                "key": transition.key,
+                "timeoutAt": format_instant(timeout) if timeout else None,
+            },
+        )
+        wait = {
+            "id": run.id,
+            "step": step,
+            "connection": wait_step.connection,
+            "result": transition.result.name,
+            "key": transition.key,
+            "now": now,
+            "timeout_at": timeout,
+        }
+    elif isinstance(transition, Retry):
+        params.update(
+            attempt=run.attempt,
+            timer_at=transition.at,
+            due_at=min(transition.at, run.deadline_at),
+            kind="retry-scheduled",
+            event={"at": format_instant(transition.at), "detail": transition.detail},
+        )
+    else:
+        raise TypeError(f"{type(transition).__name__} is not committed by the store")
+    leaves_wait = run.state == "waiting" and params["state"] != "waiting"
+    async with db.connection() as conn:
+        if leaves_wait or wait is not None:
+            async with conn.transaction():
+                if not await conn.row("transition", params):
+                    raise LeaseLost(str(run.id))
+                crash_point("mid-transition")
+                if leaves_wait:
+                    await conn.execute("drop_wait", {"id": run.id})
+                if wait is not None:
+                    await conn.execute("register_wait", wait)
+        elif not await conn.row("transition", params):  # one statement: atomic by itself
+            raise LeaseLost(str(run.id))
+    after = replace(
+        after, state=params["state"], attempt=params["attempt"], timer_at=params["timer_at"]
+    )
+    return Committed(after, params["due_at"])
+
+
+async def status(db: Database, run_id: uuid.UUID) -> Row | None:
+    return await db.row("run_status", {"id": run_id})
+
+
+async def history(db: Database, run_id: uuid.UUID) -> list[Row]:
+    return await db.rows("run_history", {"id": run_id})
