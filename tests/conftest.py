@@ -1,23 +1,26 @@
-"""Shared helpers: the project's paths and running the real command line."""
+"""Fixtures: a PostgreSQL cluster per test process, a fresh database per test."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKFLOWS = ROOT / "workflows"
-CORPUS = Path(__file__).resolve().parent / "corpus"
+import pytest
+
+# database first: it imports trio_asyncio before psycopg, as psycopg requires under Trio.
+import registry_coordinator.database  # noqa: F401
+
+from .harness import Cluster
 
 
-def coordinator(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``coordinator`` as a separate process, as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "registry_coordinator", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd or ROOT,
-        timeout=120,
-        check=False,
-    )
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One embedded PostgreSQL 18 for this test process."""
+    running = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def dsn(cluster: Cluster) -> str:
+    """A new, empty database for this test."""
+    return cluster.create_database()

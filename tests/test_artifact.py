@@ -8,7 +8,7 @@ from pathlib import Path
 
 from registry_coordinator.artifact import FORMAT, load_file
 
-from .conftest import WORKFLOWS, coordinator
+from .harness import WORKFLOWS, coordinator
 
 TUTORIAL = WORKFLOWS / "review-application"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .conftest import CORPUS, WORKFLOWS, coordinator
+from .harness import CORPUS, WORKFLOWS, coordinator
 
 
 def test_usage_errors_exit_2() -> None:

@@ -15,7 +15,7 @@ import pytest
 from registry_coordinator.artifact import check_source
 from registry_coordinator.diagnostics import CODES, Severity
 
-from .conftest import CORPUS, coordinator
+from .harness import CORPUS, coordinator
 
 FILES = sorted((CORPUS / "invalid").glob("*.yaml"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from registry_coordinator.diagnostics import CODES
 from registry_coordinator.failures import FailureCode, HoldCode
 
-from .conftest import ROOT
+from .harness import ROOT
 
 
 def test_every_diagnostic_failure_and_hold_code_is_documented() -> None:

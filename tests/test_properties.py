@@ -22,7 +22,7 @@ from registry_coordinator.expressions import Environment, EvaluationError, Scope
 from registry_coordinator.source import SourceMap, load_yaml
 from registry_coordinator.steps import BACKOFF_CAP, backoff
 
-from .conftest import WORKFLOWS
+from .harness import WORKFLOWS
 
 JSON = Any
 HEAD = {

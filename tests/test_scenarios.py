@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .conftest import WORKFLOWS, coordinator
+from .harness import WORKFLOWS, coordinator
 
 
 def workflow_with(tmp_path: Path, scenarios: str) -> Path:

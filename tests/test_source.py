@@ -10,7 +10,7 @@ import pytest
 from registry_coordinator.diagnostics import Refused
 from registry_coordinator.source import MAX_DEPTH, load_yaml
 
-from .conftest import WORKFLOWS, coordinator
+from .harness import WORKFLOWS, coordinator
 
 
 def refused_code(path: Path) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from registry_coordinator.steps import (
     settle,
 )
 
-from .conftest import WORKFLOWS
+from .harness import WORKFLOWS
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

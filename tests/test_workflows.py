@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import WORKFLOWS, coordinator
+from .harness import WORKFLOWS, coordinator
 
 SHIPPED = sorted(p for p in WORKFLOWS.iterdir() if (p / "workflow.yaml").is_file())
 

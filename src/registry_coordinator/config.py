@@ -133,7 +133,7 @@ def _database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | None:
         embedded = reader.mapping(data["embedded"], (*path, "embedded"), "embedded") or {}
         reader.fields(embedded, (*path, "embedded"), "embedded", ["dataDirectory"])
         directory = reader.string(embedded, "dataDirectory", (*path, "embedded"), "embedded")
-        return DatabaseConfig(None, base / directory if directory else None, pool_size)
+        return DatabaseConfig(None, (base / directory).resolve() if directory else None, pool_size)
     dsn = reader.string(data, "dsn", path, "database")
     if dsn is None:
         return None
@@ -205,7 +205,7 @@ def _workflows(reader: Reader, value: JSON, base: Path) -> tuple[PinnedWorkflow,
             )
             continue
         if artifact and digest:
-            pinned.append(PinnedWorkflow(base / artifact, digest, at))
+            pinned.append(PinnedWorkflow((base / artifact).resolve(), digest, at))
     return tuple(pinned)
 
 

@@ -61,6 +61,12 @@ def _load_queries() -> dict[str, str]:
 QUERIES = _load_queries()
 
 
+def sync_connection(dsn: str) -> psycopg.Connection[Row]:
+    """A blocking autocommit connection, for work outside the event loop (the embedded
+    server's setup, tests)."""
+    return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+
+
 def has_password(dsn: str) -> bool:
     """Whether a connection string carries a password; ValueError if it is not one."""
     try:

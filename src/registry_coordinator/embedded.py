@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import psycopg
+from .database import sync_connection
 
 DATABASE = "coordinator"
 
@@ -46,7 +46,7 @@ class EmbeddedPostgres:
                 f"(see {self.data_directory / 'log'})"
             ) from None
         admin = self._server.get_uri()
-        with psycopg.connect(admin, autocommit=True) as conn:
+        with sync_connection(admin) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
             ).fetchone()

@@ -193,6 +193,7 @@ async def commit(
         "now": now,
         "step": step,
         "event_step": step,
+        "actor": "coordinator:" + run.owner.split("/")[0],
         "state": "running",
         "attempt": 0,
         "timer_at": None,

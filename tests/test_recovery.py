@@ -1,0 +1,146 @@
+"""Crashes and concurrency: SIGKILL at chosen points, kills while waiting, two processes.
+
+After every scenario each run must reach the outcome its input determines, with a
+history in which each step completed exactly once, in path order, and the
+sequence numbers run 1, 2, 3... without a gap: nothing lost, nothing done twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from registry_coordinator.database import sync_connection
+
+from .harness import Service, migrate, running, wait_for, write_config
+
+#: The chain workflow's path for an input n (steps completed, then the finish step).
+EVEN = (["now", "parity", "even_pause", "even_check"], "even")
+ODD = (["now", "parity", "odd_check", "odd_pause"], "odd")
+
+
+def expected(n: int) -> tuple[list[str], str]:
+    return EVEN if n % 2 == 0 else ODD
+
+
+def check_chain_runs(dsn: str, minimum: int) -> dict[str, int]:
+    """Every chain run finished as its input says, each step once; returns events by actor."""
+    actors: dict[str, int] = {}
+    with sync_connection(dsn) as conn:
+        runs = conn.execute("SELECT id, input, state, outcome FROM runs").fetchall()
+        assert len(runs) >= minimum
+        for run in runs:
+            path, outcome = expected(run["input"]["n"])
+            assert (run["state"], run["outcome"]) == ("finished", outcome), run
+            events = conn.execute(
+                "SELECT seq, kind, step, actor FROM run_events WHERE run_id = %s ORDER BY seq",
+                (run["id"],),
+            ).fetchall()
+            assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), events
+            completed = [e["step"] for e in events if e["kind"] == "step-completed"]
+            assert completed == path, (run["input"], events)
+            assert [e["kind"] for e in events].count("finished") == 1
+            assert events[-1]["kind"] == "finished" and events[-1]["step"] == outcome
+            assert events[0]["kind"] == "admitted"
+            waits = [e["step"] for e in events if e["kind"] == "waiting"]
+            assert len(waits) == len(set(waits)), events  # a wait is entered once
+            for event in events[1:]:
+                actors[event["actor"]] = actors.get(event["actor"], 0) + 1
+    return actors
+
+
+def wait_all_ended(dsn: str, timeout: float = 60) -> None:
+    wait_for(dsn, "SELECT count(*) FROM runs WHERE ended_at IS NULL", 0, timeout)
+
+
+def admit_until_dead(service: Service, count: int) -> int:
+    """Start chain runs until ``count`` are admitted or the service has killed itself."""
+    admitted = 0
+    for n in range(count):
+        try:
+            service.start_run("chain", {"n": n})
+            admitted += 1
+        except (httpx.TransportError, AssertionError):
+            break
+    return admitted
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["after-claim:3", "before-commit:4", "mid-transition:2", "after-commit:6"],
+)
+def test_killed_at_a_chosen_point_every_run_still_finishes_once(
+    point: str, dsn: str, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, dsn, ["chain"], lease="PT2S", workers=2)
+    migrate(config)
+    log = tmp_path / "service.log"
+    doomed = Service(config, log, crash_at=point).wait_listening()
+    admit_until_dead(doomed, 10)
+    assert doomed.process.wait(30) == -9, "the crash point was never reached"
+    with sync_connection(dsn) as conn:
+        unfinished = conn.execute("SELECT count(*) AS n FROM runs WHERE ended_at IS NULL")
+        assert (unfinished.fetchone() or {})["n"] > 0, "the kill left nothing to recover"
+    with running(config, log):
+        wait_all_ended(dsn)
+    check_chain_runs(dsn, minimum=1)
+
+
+def test_killed_while_runs_wait_they_resume_on_restart(dsn: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, dsn, ["timed-choice"])
+    migrate(config)
+    log = tmp_path / "service.log"
+    service = Service(config, log).wait_listening()
+    runs = [service.start_run("timed-choice", {"answer": "yes"}) for _ in range(6)]
+    wait_for(dsn, "SELECT count(*) FROM runs WHERE state = 'waiting'", 6)
+    service.kill()
+    with running(config, log) as again:
+        wait_all_ended(dsn)
+        for run in runs:
+            assert again.status(run)["outcome"] == "yes"
+            kinds = [(e["kind"], e["step"]) for e in again.history(run)]
+            assert kinds == [
+                ("admitted", "pause"),
+                ("waiting", "pause"),
+                ("step-completed", "pause"),
+                ("step-completed", "route"),
+                ("finished", "said_yes"),
+            ]
+
+
+def test_sigkill_at_random_moments_loses_nothing(dsn: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, dsn, ["chain"], lease="PT2S", workers=3)
+    migrate(config)
+    log = tmp_path / "service.log"
+    admitted = 0
+    for delay in (0.05, 0.15, 0.3):
+        service = Service(config, log).wait_listening()
+        for n in range(admitted, admitted + 15):
+            service.start_run("chain", {"n": n})
+        admitted += 15
+        time.sleep(delay)
+        service.kill()
+    with running(config, log):
+        wait_all_ended(dsn)
+    check_chain_runs(dsn, minimum=admitted)
+
+
+def test_two_processes_share_500_runs_without_doing_a_step_twice(dsn: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, dsn, ["chain"], workers=3)
+    migrate(config)
+    other = write_config(tmp_path, dsn, ["chain"], workers=3)
+    with running(config, tmp_path / "a.log") as first, running(other, tmp_path / "b.log") as second:
+        services = [first, second]
+        started = time.monotonic()
+        for n in range(500):
+            services[n % 2].start_run("chain", {"n": n})
+        wait_all_ended(dsn, timeout=120)
+        elapsed = time.monotonic() - started
+    actors: dict[str, Any] = check_chain_runs(dsn, minimum=500)
+    print(f"500 runs over two processes in {elapsed:.1f} s; events by process: {actors}")
+    assert len(actors) == 2, actors
+    assert min(actors.values()) > 0.2 * sum(actors.values()), actors
