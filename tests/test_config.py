@@ -9,7 +9,7 @@ import pytest
 from registry_coordinator.config import load_config
 from registry_coordinator.diagnostics import Refused
 
-from .harness import ROOT
+from .harness import ROOT, coordinator
 
 
 def refused(path: Path) -> list[tuple[str, int | None]]:
@@ -81,8 +81,6 @@ def test_database_needs_exactly_one_of_dsn_and_embedded(tmp_path: Path) -> None:
 
 
 def test_cli_refuses_a_bad_configuration_with_exit_1(tmp_path: Path) -> None:
-    from .harness import coordinator
-
     path = tmp_path / "config.yaml"
     path.write_text("database: [\n")
     result = coordinator("serve", "--config", path)

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from registry_coordinator.database import sync_connection
+from registry_coordinator.database import QUERIES, sync_connection
 
 from .harness import migrate, old_postgres, running, wait_for, write_config
 
@@ -259,3 +259,34 @@ def test_startup_refuses_postgresql_older_than_17(tmp_path: Path) -> None:
     with old_postgres() as old:
         config = write_config(tmp_path, old, ["timed-choice"])
         one_line_refusal(serve_once(config), 1, "needs 17 or newer")
+
+
+def test_claiming_and_timing_stay_index_scans_with_many_runs(dsn: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, dsn, ["timed-choice"])
+    migrate(config)
+    with running(config, tmp_path / "service.log") as service:
+        service.start_run("timed-choice", {"answer": "no"})
+    with sync_connection(dsn) as conn:
+        # 200,000 ended runs and 2,000 waiting ones beside the one real run.
+        conn.execute(
+            """
+            INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest, input,
+                              state, step, seq, due_at, admitted_at, deadline_at, updated_at,
+                              ended_at)
+            SELECT gen_random_uuid(), digest, workflow_id, 'bulk', 'k' || n, 'x', '{}',
+                   CASE WHEN n <= 2000 THEN 'waiting' ELSE 'finished' END, step, 1,
+                   CASE WHEN n <= 2000 THEN now() + interval '1 day' END,
+                   now(), now() + interval '2 days', now(),
+                   CASE WHEN n > 2000 THEN now() END
+            FROM runs, generate_series(1, 202000) AS n
+            """
+        )
+        conn.execute("ANALYZE runs")
+        for query in ("claim_run", "next_due"):
+            sql = QUERIES[query]
+            params = {"owner": "x", "lease": timedelta(seconds=5)} if query == "claim_run" else {}
+            plan = "\n".join(
+                row["QUERY PLAN"] for row in conn.execute("EXPLAIN " + sql, params).fetchall()
+            )
+            assert "runs_due" in plan, plan
+            assert "Seq Scan on runs" not in plan, plan

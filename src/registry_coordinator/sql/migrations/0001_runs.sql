@@ -3,7 +3,8 @@
 -- coordinator_migrations with this file's checksum.
 
 -- Immutable workflow definitions by digest. A run references the definition it
--- was admitted under; rows are kept while any run uses them (no cascade).
+-- was admitted under. Definitions are never changed or deleted by Coordinator; a
+-- trigger refuses both (an operator pruning unused definitions disables it knowingly).
 CREATE TABLE definitions (
     digest       text PRIMARY KEY CHECK (digest ~ '^sha256:[0-9a-f]{64}$'),
     workflow_id  text NOT NULL,
@@ -11,6 +12,14 @@ CREATE TABLE definitions (
     artifact     bytea NOT NULL,
     stored_at    timestamptz NOT NULL DEFAULT now()
 );
+
+CREATE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '% is append-only: % is not allowed', TG_TABLE_NAME, TG_OP;
+END;
+$$;
+CREATE TRIGGER definitions_immutable BEFORE UPDATE OR DELETE ON definitions
+    FOR EACH ROW EXECUTE FUNCTION refuse_change();
 
 CREATE TABLE runs (
     id             uuid PRIMARY KEY,
@@ -62,13 +71,8 @@ CREATE TABLE run_events (
     PRIMARY KEY (run_id, seq)
 );
 
-CREATE FUNCTION run_events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'run_events is append-only: % is not allowed', TG_OP;
-END;
-$$;
 CREATE TRIGGER run_events_append_only BEFORE UPDATE OR DELETE ON run_events
-    FOR EACH ROW EXECUTE FUNCTION run_events_append_only();
+    FOR EACH ROW EXECUTE FUNCTION refuse_change();
 
 -- Each sending of a call step: the sealed request (identical on every attempt),
 -- when it was dispatched, and what came back.
