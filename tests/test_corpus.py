@@ -35,6 +35,8 @@ ELSEWHERE = {
     "config.secret-literal",
     "config.secret-unavailable",
     "config.digest-mismatch",
+    "config.connection-unbound",
+    "config.connection-kind",
 }
 
 

@@ -18,6 +18,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import admission, store
+from .calls import Product
 from .database import Database, Row
 from .expressions import format_instant
 from .timers import Timer
@@ -35,6 +36,7 @@ class Context:
     db: Database
     workflows: Workflows
     timer: Timer
+    products: dict[str, Product]
 
 
 def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:

@@ -274,6 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
     _logging()
     config = load_config(args.config)
     workflows = Workflows.load(config.workflows, str(config.file))
+    workflows.check_bindings(config.connections, str(config.file))
     return _run_service(lambda: serve(config, workflows))
 
 

@@ -9,11 +9,12 @@ the file is read, so a missing secret stops startup with the field's position.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from .authoring import NAME
 from .database import has_password
 from .diagnostics import Refused
 from .fields import Reader, describe
@@ -41,6 +42,45 @@ class EngineConfig:
     workers: int
     lease: timedelta
     sweep_interval: timedelta
+    shutdown_grace: timedelta
+
+
+@dataclass(frozen=True)
+class Bearer:
+    """A static token the operator provisioned for Coordinator at this product."""
+
+    token: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ClientCredentials:
+    """OAuth 2 client credentials, authenticated by a secret or a private-key JWT."""
+
+    token_url: str
+    client_id: str
+    client_secret: str | None = field(repr=False)
+    private_key: str | None = field(repr=False)  # PEM
+    key_id: str | None
+    algorithm: str
+    scopes: tuple[str, ...]
+    audience: str | None
+
+
+Identity = Bearer | ClientCredentials
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    name: str
+    product: str
+    base_url: str
+    identity: Identity
+    webhook_secret: str | None = field(repr=False)
+    pool_size: int
+    connect_timeout: timedelta
+    request_timeout: timedelta
+    response_limit: int
+    path: DataPath
 
 
 @dataclass(frozen=True)
@@ -50,6 +90,7 @@ class Config:
     host: str
     port: int
     workflows: tuple[PinnedWorkflow, ...]
+    connections: dict[str, ConnectionConfig]
     engine: EngineConfig
     request_body_limit: int
 
@@ -78,11 +119,16 @@ def load_config(path: Path) -> Config:
     base = path.resolve().parent
     root = reader.mapping(document, (), "the configuration") or {}
     reader.fields(
-        root, (), "the configuration", ["database", "workflows"], ["listen", "engine", "limits"]
+        root,
+        (),
+        "the configuration",
+        ["database", "workflows"],
+        ["listen", "connections", "engine", "limits"],
     )
     database = _database(reader, root.get("database"), base)
     host, port = _listen(reader, root.get("listen", {}))
     workflows = _workflows(reader, root.get("workflows"), base)
+    connections = _connections(reader, root.get("connections", {}))
     engine = _engine(reader, root.get("engine", {}))
     limits = reader.mapping(root.get("limits", {}), ("limits",), "limits") or {}
     reader.fields(limits, ("limits",), "limits", [], ["requestBody"])
@@ -90,7 +136,7 @@ def load_config(path: Path) -> Config:
     if reader.diagnostics:
         raise Refused(reader.diagnostics)
     assert database is not None and engine is not None
-    return Config(path, database, host, port, workflows, engine, body_limit)
+    return Config(path, database, host, port, workflows, connections, engine, body_limit)
 
 
 def _integer(
@@ -214,20 +260,181 @@ def _engine(reader: Reader, value: JSON) -> EngineConfig | None:
     data = reader.mapping(value, path, "engine")
     if data is None:
         return None
-    reader.fields(data, path, "engine", [], ["workers", "lease", "sweepInterval"])
+    reader.fields(data, path, "engine", [], ["workers", "lease", "sweepInterval", "shutdownGrace"])
     workers = _integer(reader, data, "workers", path, 4, 1, 256)
-    lease = reader.duration(data, "lease", path, "engine") if "lease" in data else None
-    sweep = (
-        reader.duration(data, "sweepInterval", path, "engine") if "sweepInterval" in data else None
+    lease = _duration(reader, data, "lease", path, timedelta(seconds=30), timedelta(seconds=2))
+    sweep = _duration(
+        reader, data, "sweepInterval", path, timedelta(seconds=30), timedelta(seconds=1)
     )
-    lease = lease or timedelta(seconds=30)
-    sweep = sweep or timedelta(seconds=30)
-    for name, duration, low in (("lease", lease, 2), ("sweepInterval", sweep, 1)):
-        if duration < timedelta(seconds=low):
+    grace = _duration(reader, data, "shutdownGrace", path, timedelta(seconds=10), timedelta(0))
+    return EngineConfig(workers, lease, sweep, grace)
+
+
+def _duration(
+    reader: Reader,
+    data: dict[str, JSON],
+    name: str,
+    path: DataPath,
+    default: timedelta,
+    low: timedelta,
+) -> timedelta:
+    if name not in data:
+        return default
+    value = reader.duration(data, name, path, str(path[0]) if path else "the configuration")
+    if value is None:
+        return default
+    if value < low:
+        reader.report(
+            "config.invalid-value",
+            f"{name} must be at least {low.total_seconds():g} seconds",
+            f"give {name} a longer duration",
+            (*path, name),
+        )
+    return value
+
+
+def _secret(
+    reader: Reader, data: dict[str, JSON], name: str, path: DataPath, what: str
+) -> str | None:
+    """A field that holds a secret: only a reference is accepted, and it must resolve."""
+    reference = reader.string(data, name, path, what)
+    if reference is None:
+        return None
+    if not reference.startswith(("env:", "file:")):
+        reader.report(
+            "config.secret-literal",
+            f"{what} {name} is written in the configuration, but it is a secret",
+            f"give a reference instead: {name}: env:NAME or {name}: file:/path",
+            (*path, name),
+        )
+        return None
+    try:
+        return resolve_secret(reference)
+    except ValueError as exc:
+        reader.report(
+            "config.secret-unavailable",
+            f"{what} {name}: {exc}",
+            "set the variable or create the file before starting",
+            (*path, name),
+        )
+        return None
+
+
+def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
+    path: DataPath = ("connections",)
+    data = reader.mapping(value, path, "connections") or {}
+    found = {}
+    for name, entry in data.items():
+        at = (*path, name)
+        what = f"connection {name}"
+        if not NAME.match(name):
+            reader.report(
+                "connection.bad-name",
+                f"the connection name {name!r} does not match {NAME.pattern}",
+                "use the workflow's local connection name",
+                at,
+                key=True,
+            )
+            continue
+        item = reader.mapping(entry, at, what)
+        if item is None:
+            continue
+        optional = ["webhookSecret", "poolSize", "connectTimeout", "requestTimeout"]
+        reader.fields(
+            item, at, what, ["product", "baseUrl", "identity"], [*optional, "responseLimit"]
+        )
+        product = reader.string(item, "product", at, what)
+        base_url = reader.string(item, "baseUrl", at, what)
+        if base_url is not None and not base_url.startswith(("http://", "https://")):
             reader.report(
                 "config.invalid-value",
-                f"{name} must be at least {low} seconds",
-                f"give {name} a duration such as PT30S",
-                (*path, name),
+                f"{what} baseUrl must be an http or https URL",
+                "write the product's base URL, e.g. https://casework.example",
+                (*at, "baseUrl"),
             )
-    return EngineConfig(workers, lease, sweep)
+            base_url = None
+        identity = _identity(reader, item.get("identity"), (*at, "identity"), what)
+        webhook = (
+            _secret(reader, item, "webhookSecret", at, what) if "webhookSecret" in item else None
+        )
+        pool = _integer(reader, item, "poolSize", at, 4, 1, 256)
+        least = timedelta(milliseconds=100)
+        connect = _duration(reader, item, "connectTimeout", at, timedelta(seconds=5), least)
+        request = _duration(reader, item, "requestTimeout", at, timedelta(seconds=30), least)
+        limit = _integer(reader, item, "responseLimit", at, 1 << 20, 1024, 64 << 20)
+        if product and base_url and identity:
+            found[name] = ConnectionConfig(
+                name,
+                product,
+                base_url.rstrip("/"),
+                identity,
+                webhook,
+                pool,
+                connect,
+                request,
+                limit,
+                at,
+            )
+    return found
+
+
+def _identity(reader: Reader, value: JSON, path: DataPath, what: str) -> Identity | None:
+    data = reader.mapping(value, path, f"{what} identity")
+    if data is None:
+        return None
+    if len(data) != 1 or next(iter(data)) not in ("bearer", "oauth2"):
+        reader.report(
+            "config.invalid-value",
+            f"{what} identity must be one of bearer or oauth2",
+            "write identity: {bearer: env:NAME} or identity: {oauth2: {...}}",
+            path,
+        )
+        return None
+    if "bearer" in data:
+        token = _secret(reader, data, "bearer", path, what)
+        return Bearer(token) if token else None
+    at = (*path, "oauth2")
+    item = reader.mapping(data["oauth2"], at, f"{what} oauth2") or {}
+    optional = ["clientSecret", "privateKey", "keyId", "algorithm", "scopes", "audience"]
+    reader.fields(item, at, f"{what} oauth2", ["tokenUrl", "clientId"], optional)
+    if ("clientSecret" in item) == ("privateKey" in item):
+        reader.report(
+            "config.invalid-value",
+            f"{what} oauth2 needs exactly one of clientSecret and privateKey",
+            "give clientSecret (client_secret_post) or privateKey (private_key_jwt)",
+            at,
+        )
+        return None
+    secret = _secret(reader, item, "clientSecret", at, what) if "clientSecret" in item else None
+    key = _secret(reader, item, "privateKey", at, what) if "privateKey" in item else None
+    algorithm = reader.string(item, "algorithm", at, what) or "RS256"
+    if algorithm not in ("RS256", "ES256", "EdDSA"):
+        reader.report(
+            "config.invalid-value",
+            f"{what} algorithm {algorithm!r} is not RS256, ES256 or EdDSA",
+            "choose the algorithm of the private key",
+            (*at, "algorithm"),
+        )
+    scopes = item.get("scopes", [])
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        reader.report(
+            "field.type",
+            f"{what} scopes must be a list of strings",
+            "write scopes: [scope.one, scope.two]",
+            (*at, "scopes"),
+        )
+        scopes = []
+    token_url = reader.string(item, "tokenUrl", at, what)
+    client_id = reader.string(item, "clientId", at, what)
+    if not token_url or not client_id or not (secret or key):
+        return None
+    return ClientCredentials(
+        token_url,
+        client_id,
+        secret,
+        key,
+        reader.string(item, "keyId", at, what),
+        algorithm,
+        tuple(scopes),
+        reader.string(item, "audience", at, what),
+    )

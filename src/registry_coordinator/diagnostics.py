@@ -89,6 +89,8 @@ CODES: dict[str, str] = {
     "config.secret-literal": "a secret is written in the configuration instead of referenced",
     "config.secret-unavailable": "a secret's env: variable or file: is missing",
     "config.digest-mismatch": "a pinned artifact's bytes do not have the pinned digest",
+    "config.connection-unbound": "a pinned workflow's connection is not configured",
+    "config.connection-kind": "a pinned workflow's connection is bound to another product kind",
     # scenarios (coordinator test)
     "scenario.invalid": "a scenario names something the workflow does not have",
     "scenario.failed": "a scenario's run did not end as it expects",

@@ -7,7 +7,9 @@ migrates itself); then the timer, the engine workers and the HTTP front end
 start, each reporting readiness through ``task_status.started()``.
 
 SIGTERM or SIGINT starts the graceful shutdown: workers stop claiming and finish
-the step they are on, then the HTTP front end and the timer are cancelled.
+the step they are on, calls in flight get the configured grace period and are
+then cancelled (recorded as uncertain), and the rest of the nursery is cancelled.
+No task outlives it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from functools import partial
 
 import trio
 import trio_asyncio
@@ -24,6 +26,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from .api import Context, create_app
+from .calls import Calls, Product, with_products
 from .config import Config
 from .database import Database
 from .embedded import EmbeddedPostgres
@@ -33,7 +36,6 @@ from .worker import Engine
 from .workflows import Workflows
 
 log = logging.getLogger(__name__)
-SHUTDOWN_GRACE = timedelta(seconds=10)
 
 
 @asynccontextmanager
@@ -73,24 +75,38 @@ async def open_database(config: Config) -> AsyncIterator[Database]:
 async def serve(config: Config, workflows: Workflows) -> None:
     async with trio_asyncio.open_loop(), open_database(config) as db:
         await workflows.store(db)
-        timer = Timer(db, config.engine.sweep_interval)
-        engine = Engine(db, workflows, timer, config.engine)
-        app = create_app(Context(db, workflows, timer), config.request_body_limit)
-        http = HypercornConfig()
-        http.bind = [f"{config.host}:{config.port}"]
-        http.accesslog = None
-        http.graceful_timeout = SHUTDOWN_GRACE.total_seconds()
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(timer.run)
-                await nursery.start(engine.run)
-                bound = await nursery.start(hypercorn_serve, app, http)
-                log.info("listening on %s", " ".join(bound))
-                async for received in signals:
-                    log.info("received %s: shutting down", signal.Signals(received).name)
-                    break
-                engine.stop()
-                with trio.move_on_after(SHUTDOWN_GRACE.total_seconds()):
-                    await engine.stopped.wait()
-                nursery.cancel_scope.cancel()
+        await with_products(config.connections, partial(_supervise, config, workflows, db))
     log.info("stopped")
+
+
+async def _supervise(
+    config: Config, workflows: Workflows, db: Database, products: dict[str, Product]
+) -> None:
+    """The nursery: timer, call pools, engine workers, lease keeper, HTTP front end."""
+    timer = Timer(db, config.engine.sweep_interval)
+    calls = Calls(db, products, timer, config.engine.lease)
+    engine = Engine(db, workflows, timer, calls, config.engine)
+    app = create_app(Context(db, workflows, timer, products), config.request_body_limit)
+    http = HypercornConfig()
+    http.bind = [f"{config.host}:{config.port}"]
+    http.accesslog = None
+    http.graceful_timeout = config.engine.shutdown_grace.total_seconds()
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(timer.run)
+            await nursery.start(calls.run)
+            await nursery.start(engine.keep_leases)
+            await nursery.start(engine.run)
+            bound = await nursery.start(hypercorn_serve, app, http)
+            log.info("listening on %s", " ".join(bound))
+            async for received in signals:
+                log.info("received %s: shutting down", signal.Signals(received).name)
+                break
+            # Stop claiming; workers finish the step they are on. Calls in flight get
+            # the grace period, then are cancelled and recorded as uncertain.
+            engine.stop()
+            grace = config.engine.shutdown_grace
+            with trio.move_on_after(grace.total_seconds()):
+                await engine.stopped.wait()
+            await calls.drain(grace)
+            nursery.cancel_scope.cancel()

@@ -141,12 +141,17 @@ def on_due(
     waiting: bool,
     timer_at: datetime | None,
     now: datetime,
+    dispatched: bool = False,
 ) -> Transition | None:
     """What a run does when it falls due at ``now``; ``None`` when nothing is due yet.
 
     A run falls due when its deadline passes, when its step's own instant comes
-    (a wait-until, a wait-for's timeout, a call's retry), or when it is runnable.
+    (a wait-until, a wait-for's timeout, a call's retry), when it is runnable, or
+    when the process that held it stopped — possibly in the middle of a call
+    (``dispatched``), whose outcome is then unknown and decided first.
     """
+    if dispatched:
+        return interrupted(definition, step_id, now)
     if now >= run.deadline_at:
         return Expire()
     if timer_at is not None and now < timer_at:
@@ -345,6 +350,18 @@ def _truncate(text: str) -> str:
 
 
 # --- waits ----------------------------------------------------------------------------
+
+
+def interrupted(definition: Definition, step_id: str, now: datetime) -> Transition:
+    """A call was dispatched but its holder stopped before recording what came back."""
+    operation = definition.operations[step_id]
+    if operation.effect is Effect.READ:
+        return Retry(now, "the service stopped while this read was in flight; reading again")
+    return Held(
+        HoldCode.DISPATCH_INTERRUPTED,
+        f"the service stopped after dispatching {operation.product}/{operation.name} and "
+        "before recording its answer; whether the product acted is unknown",
+    )
 
 
 def result_arrived(definition: Definition, step_id: str, body: JSON) -> Advance | None:

@@ -29,6 +29,7 @@ from .steps import (
     Failed,
     Finished,
     Held,
+    Request,
     Retry,
     RunRecord,
     Sleep,
@@ -101,7 +102,7 @@ async def admit(
 
 @dataclass
 class Claimed:
-    """A run this worker holds, as it stands after the last committed transition."""
+    """A run this process holds, as it stands after the last committed transition."""
 
     id: uuid.UUID
     digest: str
@@ -116,6 +117,7 @@ class Claimed:
     admitted_at: datetime
     deadline_at: datetime
     owner: str
+    dispatched: bool  # a call's request was sealed and may have left, with no outcome recorded
     clock: tuple[datetime, float] = field(repr=False)  # database time at claim, trio time then
 
     @classmethod
@@ -134,6 +136,7 @@ class Claimed:
             admitted_at=row["admitted_at"],
             deadline_at=row["deadline_at"],
             owner=row["lease_owner"],
+            dispatched=row["dispatched_at"] is not None,
             clock=(row["now"], trio.current_time()),
         )
 
@@ -151,6 +154,10 @@ class Claimed:
             self.outputs,
             self.completed,
         )
+
+    @property
+    def actor(self) -> str:
+        return "coordinator:" + self.owner
 
 
 async def claim(db: Database, owner: str, lease: timedelta) -> Claimed | None:
@@ -170,20 +177,133 @@ async def release(db: Database, run: Claimed, due_at: datetime | None) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Committed:
-    run: Claimed  # the run as it stands now
-    due_at: datetime | None  # when it next falls due, for the timer
+async def extend_leases(db: Database, owner: str, lease: timedelta) -> int:
+    return await db.execute("extend_leases", {"owner": owner, "lease": lease})
 
 
 class LeaseLost(Exception):
     """Another worker took the run over (this one's lease ran out); nothing was written."""
 
 
+async def sealed_request(db: Database, run: Claimed) -> tuple[Request, str] | None:
+    """The request and URL this run's call step sealed on its first sending, if it was sent."""
+    row = await db.row("sealed_request", {"id": run.id, "step": run.step})
+    if row is None:
+        return None
+    body = bytes(row["body"]) if row["body"] is not None else None
+    url = str(row["url"])
+    return Request(row["method"], url, body, row["idempotency_key"]), url
+
+
+async def dispatch(db: Database, run: Claimed, request: Request, url: str) -> Claimed:
+    """Seal the request and mark it dispatched, before it is sent (fenced like a transition)."""
+    params = {
+        "id": run.id,
+        "owner": run.owner,
+        "seq": run.seq,
+        "now": run.now(),
+        "step": run.step,
+        "method": request.method,
+        "url": url,
+        "body": request.body,
+        "key": request.idempotency_key,
+        "actor": run.actor,
+    }
+    if not await db.row("dispatch_call", params):
+        raise LeaseLost(str(run.id))
+    return replace(run, seq=run.seq + 1, attempt=run.attempt + 1, dispatched=True)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What became of one sending of a call, recorded on its execution row."""
+
+    outcome: str  # response, not-sent, lost, interrupted, cancelled
+    status: int | None = None
+    response: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    run: Claimed  # the run as it stands now
+    due_at: datetime | None  # when it next falls due, for the timer
+
+
 async def commit(
-    db: Database, definition: Definition, run: Claimed, transition: Transition, lease: timedelta
+    db: Database,
+    definition: Definition,
+    run: Claimed,
+    transition: Transition,
+    lease: timedelta,
+    *,
+    keep_lease: bool = True,
+    settlement: Settlement | None = None,
 ) -> Committed:
-    """Apply one transition with its history event, atomically, as the run's holder."""
+    """Apply one transition with its history event, atomically, as the run's holder.
+
+    An Advance keeps the lease (the worker goes straight on) unless ``keep_lease`` is
+    false, when the run is left due at once for any worker. A ``settlement`` records
+    a call's outcome in the same transaction; if an operator asked to cancel while
+    the call was in flight, the run is cancelled instead of going on.
+    """
+    async with db.connection() as conn:
+        if settlement is None and not run.dispatched and run.state != "waiting":
+            params, wait = _columns(definition, run, transition, lease, keep_lease)
+            if not await conn.row("transition", params):  # one statement: atomic by itself
+                raise LeaseLost(str(run.id))
+        else:
+            async with conn.transaction():
+                locked = await conn.row(
+                    "lock_run", {"id": run.id, "owner": run.owner, "seq": run.seq}
+                )
+                if locked is None:
+                    raise LeaseLost(str(run.id))
+                effective: Transition | Cancelled = transition
+                if locked["cancel_requested"]:
+                    effective = Cancelled(
+                        "cancelled by an operator while a call was in flight", transition
+                    )
+                params, wait = _columns(definition, run, effective, lease, keep_lease)
+                settled = settlement or Settlement("interrupted")
+                await conn.execute(
+                    "settle_execution",
+                    {
+                        "id": run.id,
+                        "step": run.step,
+                        "now": params["now"],
+                        "status": settled.status,
+                        "response": settled.response,
+                        "outcome": settled.outcome,
+                    },
+                )
+                await conn.row("transition", params)
+                crash_point("mid-transition")
+                if run.state == "waiting":
+                    await conn.execute("drop_wait", {"id": run.id})
+                if wait is not None:
+                    await conn.execute("register_wait", wait)
+    after = replace(
+        run,
+        seq=run.seq + 1,
+        state=params["state"],
+        step=params["step"],
+        attempt=params["attempt"],
+        timer_at=params["timer_at"],
+        dispatched=False,
+        outputs={**run.outputs, **params["outputs"]},
+        completed={**run.completed, **dict.fromkeys(params["completed"], params["now"])},
+    )
+    return Committed(after, params["due_at"])
+
+
+def _columns(
+    definition: Definition,
+    run: Claimed,
+    transition: Transition | Cancelled,
+    lease: timedelta,
+    keep_lease: bool,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The run's new columns and history event for a transition; and a wait to register."""
     now = run.now()
     step = run.step
     params: dict[str, Any] = {
@@ -193,7 +313,7 @@ async def commit(
         "now": now,
         "step": step,
         "event_step": step,
-        "actor": "coordinator:" + run.owner.split("/")[0],
+        "actor": run.actor,
         "state": "running",
         "attempt": 0,
         "timer_at": None,
@@ -208,26 +328,29 @@ async def commit(
         "detail": None,
         "ended_at": None,
     }
-    after = replace(run, seq=run.seq + 1, attempt=0, timer_at=None)
     wait: dict[str, Any] | None = None
-    if isinstance(transition, Advance):
+    if isinstance(transition, Cancelled):
+        advanced = transition.instead
+        if isinstance(advanced, Advance) and advanced.has_output:
+            params.update(outputs={step: advanced.output}, completed={step: format_instant(now)})
+        params.update(
+            state="cancelled",
+            detail=transition.reason,
+            ended_at=now,
+            kind="cancelled",
+            event={"reason": transition.reason},
+        )
+    elif isinstance(transition, Advance):
         params.update(
             step=transition.next,
-            due_at=now + lease,
-            lease_owner=run.owner,
+            due_at=now + lease if keep_lease else now,
+            lease_owner=run.owner if keep_lease else None,
             completed={step: format_instant(now)},
             kind="step-completed",
             event={"via": transition.via, "next": transition.next},
         )
         if transition.has_output:
             params["outputs"] = {step: transition.output}
-        after = replace(
-            after,
-            step=transition.next,
-            state="running",
-            outputs={**run.outputs, **params["outputs"]},
-            completed={**run.completed, step: now},
-        )
     elif isinstance(transition, Finished):
         params.update(
             state="finished",
@@ -246,6 +369,7 @@ async def commit(
             hold_code=None if failed else transition.code.value,
             detail=transition.detail,
             ended_at=now if failed else None,
+            attempt=run.attempt,
             kind="failed" if failed else "held",
             event={"code": transition.code.value, "detail": transition.detail},
         )
@@ -300,23 +424,16 @@ async def commit(
         )
     else:
         raise TypeError(f"{type(transition).__name__} is not committed by the store")
-    leaves_wait = run.state == "waiting" and params["state"] != "waiting"
-    async with db.connection() as conn:
-        if leaves_wait or wait is not None:
-            async with conn.transaction():
-                if not await conn.row("transition", params):
-                    raise LeaseLost(str(run.id))
-                crash_point("mid-transition")
-                if leaves_wait:
-                    await conn.execute("drop_wait", {"id": run.id})
-                if wait is not None:
-                    await conn.execute("register_wait", wait)
-        elif not await conn.row("transition", params):  # one statement: atomic by itself
-            raise LeaseLost(str(run.id))
-    after = replace(
-        after, state=params["state"], attempt=params["attempt"], timer_at=params["timer_at"]
-    )
-    return Committed(after, params["due_at"])
+    return params, wait
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A cancellation an operator asked for while a call was in flight, taking effect as
+    that call settles; ``instead`` is what the run would otherwise have done."""
+
+    reason: str
+    instead: Transition
 
 
 async def status(db: Database, run_id: uuid.UUID) -> Row | None:

@@ -3,20 +3,23 @@
 A worker holds a claimed run under a lease and drives it through
 :func:`steps.on_due` — the same semantics the offline test runner uses —
 committing each transition with its history event before taking the next step.
-It lets go when the run waits, ends, or is held. If the process dies, the lease
-runs out and any worker, here or in another process, picks the run up again from
-its last committed step.
+It lets go when the run waits, ends or is held, and hands a run at a call step to
+that connection's pool, so a slow product never ties up a worker. The lease
+keeper extends the leases of every run this process holds; if the process dies,
+the leases run out and any worker, here or in another process, picks the runs up
+again from their last committed step.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import trio
 
 from . import store
+from .calls import Calls
 from .config import EngineConfig
 from .database import Database, Unavailable
 from .faults import crash_point
@@ -25,17 +28,25 @@ from .timers import Timer
 from .workflows import Workflows
 
 log = logging.getLogger(__name__)
+#: How long a run waits before a worker tries again when its connection's queue is full.
+SATURATED_BACKOFF = timedelta(seconds=1)
 
 
 class Engine:
     def __init__(
-        self, db: Database, workflows: Workflows, timer: Timer, config: EngineConfig
+        self,
+        db: Database,
+        workflows: Workflows,
+        timer: Timer,
+        calls: Calls,
+        config: EngineConfig,
     ) -> None:
         self.db = db
         self.workflows = workflows
         self.timer = timer
+        self.calls = calls
         self.config = config
-        self.process = uuid.uuid4().hex[:12]
+        self.owner = uuid.uuid4().hex[:12]  # this process, as a lease holder
         self.stopping = False
         self.stopped = trio.Event()
 
@@ -47,17 +58,30 @@ class Engine:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                for index in range(self.config.workers):
-                    nursery.start_soon(self._work, f"{self.process}/{index}")
+                for _ in range(self.config.workers):
+                    nursery.start_soon(self._work)
                 task_status.started()
         finally:
             self.stopped.set()
 
-    async def _work(self, owner: str) -> None:
+    async def keep_leases(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Extend this process's leases well before they run out, for as long as it lives."""
+        task_status.started()
+        period = self.config.lease.total_seconds() / 3
+        while True:
+            await trio.sleep(period)
+            try:
+                await store.extend_leases(self.db, self.owner, self.config.lease)
+            except Unavailable as exc:
+                log.warning("could not extend leases: %s", exc)
+
+    async def _work(self) -> None:
         failures = 0
         while not self.stopping:
             try:
-                run = await store.claim(self.db, owner, self.config.lease)
+                run = await store.claim(self.db, self.owner, self.config.lease)
                 if run is None:
                     await self.timer.idle()
                     continue
@@ -71,7 +95,7 @@ class Engine:
             except Exception:
                 # A defect, not an outage: the run is left to its lease and tried again
                 # later; this worker carries on with other runs.
-                log.exception("worker %s: unexpected error", owner)
+                log.exception("worker: unexpected error")
                 await trio.sleep(1.0)
 
     async def _advance(self, run: store.Claimed) -> None:
@@ -82,7 +106,13 @@ class Engine:
                 await store.release(self.db, run, now)
                 return
             transition = on_due(
-                definition, run.record(), run.step, run.state == "waiting", run.timer_at, now
+                definition,
+                run.record(),
+                run.step,
+                run.state == "waiting",
+                run.timer_at,
+                now,
+                run.dispatched,
             )
             if transition is None:
                 due = (
@@ -92,7 +122,12 @@ class Engine:
                 self._schedule(run, due)
                 return
             if isinstance(transition, Send):
-                raise NotImplementedError("call steps are not implemented yet")
+                if self.calls.product(definition, run.step).saturated:
+                    await store.release(self.db, run, now + SATURATED_BACKOFF)
+                    self._schedule(run, now + SATURATED_BACKOFF)
+                else:
+                    self.calls.submit(definition, run, transition.request)
+                return
             crash_point("before-commit")
             try:
                 committed = await store.commit(

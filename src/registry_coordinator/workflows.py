@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import store
 from .artifact import load, load_file
 from .canonical import digest_of
-from .config import PinnedWorkflow
+from .config import ConnectionConfig, PinnedWorkflow
 from .database import Database
 from .definition import Definition
 from .diagnostics import Diagnostic, Refused
@@ -72,6 +72,37 @@ class Workflows:
         if problems:
             raise Refused(problems)
         return cls(pinned)
+
+    def check_bindings(self, connections: dict[str, ConnectionConfig], config_file: str) -> None:
+        """Refuse unless every pinned workflow's connections are bound to the right product."""
+        problems = []
+        for pin in self.pinned:
+            workflow = pin.definition.workflow
+            for name, kind in workflow.connections.items():
+                bound = connections.get(name)
+                if bound is None:
+                    problems.append(
+                        Diagnostic(
+                            "config.connection-unbound",
+                            f"{workflow.id} version {workflow.version} uses connection {name!r} "
+                            f"({kind}), which the configuration does not define",
+                            f"add connections: {{{name}: {{product: {kind}, baseUrl: ..., "
+                            "identity: ...}}",
+                            config_file,
+                        )
+                    )
+                elif bound.product != kind:
+                    problems.append(
+                        Diagnostic(
+                            "config.connection-kind",
+                            f"{workflow.id} version {workflow.version} needs connection "
+                            f"{name!r} to be {kind}, but it is bound to {bound.product}",
+                            f"bind {name} to a {kind} product, or rename the connection",
+                            config_file,
+                        )
+                    )
+        if problems:
+            raise Refused(problems)
 
     async def store(self, db: Database) -> None:
         for pin in self.pinned:

@@ -76,7 +76,7 @@ FROM (
 WHERE r.id = due.id
 RETURNING r.id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
           r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
-          clock_timestamp() AS now;
+          r.dispatched_at, r.cancel_requested, clock_timestamp() AS now;
 
 -- name: next_due
 -- Seconds until the earliest due run (negative when overdue), NULL when none.
@@ -93,7 +93,7 @@ WITH moved AS (
         outputs = outputs || %(outputs)s, completed = completed || %(completed)s,
         outcome = %(outcome)s, output = %(output)s, failure_code = %(failure_code)s,
         hold_code = %(hold_code)s, detail = %(detail)s, updated_at = %(now)s,
-        ended_at = %(ended_at)s
+        ended_at = %(ended_at)s, dispatched_at = NULL, cancel_requested = false
     WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s
     RETURNING id, seq
 )
@@ -112,3 +112,79 @@ VALUES (%(id)s, %(step)s, %(connection)s, %(result)s, %(key)s, %(now)s, %(timeou
 
 -- name: drop_wait
 DELETE FROM waits WHERE run_id = %(id)s;
+
+-- name: extend_leases
+-- The lease keeper: this process still holds these runs (their calls are queued or
+-- in flight). A process that dies stops extending, and its runs fall due.
+UPDATE runs SET due_at = clock_timestamp() + %(lease)s
+WHERE lease_owner = %(owner)s;
+
+-- name: sealed_request
+-- The request a call step sealed on its first sending; every later one is identical.
+SELECT method, url, body, idempotency_key FROM executions
+WHERE run_id = %(id)s AND step = %(step)s
+ORDER BY attempt LIMIT 1;
+
+-- name: dispatch_call
+-- Seal the request and mark it dispatched, before a byte is sent.
+WITH moved AS (
+    UPDATE runs
+    SET seq = seq + 1, attempt = attempt + 1, dispatched_at = %(now)s, updated_at = %(now)s
+    WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s AND NOT cancel_requested
+    RETURNING id, seq, attempt
+), sealed AS (
+    INSERT INTO executions (run_id, step, attempt, method, url, body, idempotency_key,
+                            sealed_at, dispatched_at)
+    SELECT id, %(step)s, attempt, %(method)s, %(url)s, %(body)s, %(key)s, %(now)s, %(now)s
+    FROM moved
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, seq, %(now)s, 'call-dispatched', %(step)s, %(actor)s,
+       jsonb_build_object('attempt', attempt, 'method', %(method)s::text, 'url', %(url)s::text)
+FROM moved
+RETURNING seq;
+
+-- name: lock_run
+SELECT cancel_requested FROM runs
+WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s
+FOR UPDATE;
+
+-- name: settle_execution
+UPDATE executions
+SET settled_at = %(now)s, status = %(status)s, response = %(response)s, outcome = %(outcome)s
+WHERE run_id = %(id)s AND step = %(step)s AND settled_at IS NULL;
+
+-- name: admission_state
+SELECT held, reason, actor, at FROM admission;
+
+-- name: set_admission
+WITH changed AS (
+    INSERT INTO admission (held, reason, actor, at) VALUES (%(held)s, %(reason)s, %(actor)s, now())
+    ON CONFLICT (singleton) DO UPDATE
+    SET held = excluded.held, reason = excluded.reason, actor = excluded.actor, at = excluded.at
+    RETURNING held, reason, actor, at
+)
+INSERT INTO admission_events (at, held, reason, actor)
+SELECT at, held, reason, actor FROM changed;
+
+-- name: operator_run
+-- A run as an operator action needs it, locked against the engine for the action.
+SELECT r.id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.outputs, r.completed,
+       r.admitted_at, r.deadline_at, r.dispatched_at, r.lease_owner, r.hold_code
+FROM runs r WHERE r.id = %(id)s FOR UPDATE;
+
+-- name: operator_transition
+-- An operator's action on a run, with its history event naming who and why.
+WITH moved AS (
+    UPDATE runs
+    SET state = %(state)s, step = %(step)s, seq = seq + 1, timer_at = NULL,
+        due_at = %(due_at)s, lease_owner = NULL, outputs = outputs || %(outputs)s,
+        completed = completed || %(completed)s, hold_code = %(hold_code)s,
+        detail = %(detail)s, failure_code = NULL, updated_at = now(), ended_at = %(ended_at)s,
+        cancel_requested = %(cancel_requested)s, attempt = %(attempt)s
+    WHERE id = %(id)s AND seq = %(seq)s
+    RETURNING id, seq
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, seq, now(), %(kind)s, %(event_step)s, %(actor)s, %(event)s FROM moved
+RETURNING seq;

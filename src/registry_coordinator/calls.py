@@ -1,0 +1,241 @@
+"""Call pools: one bounded pool per configured connection, and the life of one call.
+
+Each connection has its own Trio capacity limiter and its own httpx client, so a
+slow product fills only its own pool. A call goes through three steps, and the
+order is what makes it safe to crash anywhere:
+
+1. with a pool slot, the request is sealed and marked dispatched in PostgreSQL;
+2. it is sent;
+3. the outcome is recorded in the same transaction that moves the run on.
+
+A crash between 1 and 3 leaves a dispatched call without an outcome, which the
+next holder of the run treats as unknown: a read is sent again, a mutation is
+held for an operator. Nothing is ever resent on a guess.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import trio
+
+from . import __version__, store
+from .authoring import Call
+from .config import ConnectionConfig
+from .database import Database
+from .definition import Definition
+from .identity import Credentials, IdentityRefused, IdentityUnavailable, credentials
+from .steps import Advance, Reply, ReplyKind, Request, Retry, settle
+from .timers import Timer
+
+log = logging.getLogger(__name__)
+
+#: Runs queued for one connection beyond its pool size, before workers leave them for later.
+QUEUE_FACTOR = 16
+#: Error bodies kept on an execution row; the rest of a refusal is not needed to explain it.
+KEPT_ERROR_BODY = 2048
+
+
+class Product:
+    """One configured connection at run time: capacity limit, HTTP client, identity."""
+
+    def __init__(self, config: ConnectionConfig, token_client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.limiter = trio.CapacityLimiter(config.pool_size)
+        self.queued = 0
+        request = config.request_timeout.total_seconds()
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                connect=config.connect_timeout.total_seconds(),
+                read=request,
+                write=request,
+                pool=None,
+            ),
+            limits=httpx.Limits(
+                max_connections=config.pool_size,
+                max_keepalive_connections=config.pool_size,
+                # Shorter than servers' usual keep-alive, so a pooled connection is not
+                # reused just as the server closes it (an ambiguous failure for a mutation).
+                keepalive_expiry=2.0,
+            ),
+            follow_redirects=False,
+            headers={
+                "User-Agent": f"registry-coordinator/{__version__}",
+                "Accept": "application/json",
+            },
+        )
+        self.credentials: Credentials = credentials(config.identity, token_client)
+
+    def url(self, target: str) -> str:
+        return self.config.base_url + target
+
+    @property
+    def saturated(self) -> bool:
+        return self.queued >= self.config.pool_size * QUEUE_FACTOR
+
+    async def send(self, request: Request, url: str) -> Reply:
+        """Send one request; transport trouble becomes a Reply, never an exception.
+
+        The caller holds a slot of :attr:`limiter`.
+        """
+        try:
+            authorization = await self.credentials.authorization()
+        except IdentityUnavailable as exc:
+            return Reply(ReplyKind.NOT_SENT, detail=str(exc))
+        except IdentityRefused as exc:
+            return Reply(ReplyKind.RESPONSE, 401, str(exc).encode(), detail=str(exc))
+        headers = {"Authorization": authorization}
+        if request.idempotency_key is not None:
+            headers["Idempotency-Key"] = request.idempotency_key
+        if request.body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            async with self.client.stream(
+                request.method, url, content=request.body, headers=headers
+            ) as response:
+                body = await self._read(response)
+                retry_after = _retry_after(response.headers.get("Retry-After"))
+                return Reply(ReplyKind.RESPONSE, response.status_code, body, retry_after)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return Reply(ReplyKind.NOT_SENT, detail=f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:
+            return Reply(ReplyKind.LOST, detail=f"{type(exc).__name__}: {exc}")
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        limit = self.config.response_limit
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                # Refused, not truncated: a cut JSON body is no answer. An empty body
+                # fails the response schema, so this is an invalid response.
+                return b""
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.client.aclose()
+
+
+def _retry_after(value: str | None) -> timedelta | None:
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return timedelta(seconds=min(int(value), 86_400))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(timedelta(0), when.astimezone(UTC) - datetime.now(UTC))
+
+
+@dataclass
+class Calls:
+    """The nursery every call runs in, and the products calls go to."""
+
+    db: Database
+    products: dict[str, Product]
+    timer: Timer
+    lease: timedelta
+
+    def __post_init__(self) -> None:
+        self._nursery: trio.Nursery | None = None
+        self._in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def product(self, definition: Definition, step_id: str) -> Product:
+        step = definition.step(step_id)
+        assert isinstance(step, Call)
+        return self.products[step.connection]
+
+    def submit(self, definition: Definition, run: store.Claimed, request: Request) -> None:
+        """Hand a claimed run at a call step to its connection's pool; returns at once."""
+        assert self._nursery is not None
+        self._in_flight += 1
+        self._idle = trio.Event() if self._in_flight == 1 else self._idle
+        self._nursery.start_soon(self._call, definition, run, request)
+
+    async def drain(self, grace: timedelta) -> None:
+        """Let calls in flight finish within ``grace``, then cancel the rest."""
+        with trio.move_on_after(grace.total_seconds()):
+            await self._idle.wait()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _call(self, definition: Definition, run: store.Claimed, request: Request) -> None:
+        product = self.product(definition, run.step)
+        product.queued += 1
+        sent = False
+        try:
+            async with product.limiter:
+                sealed = await store.sealed_request(self.db, run)
+                request, url = sealed or (request, product.url(request.target))
+                run = await store.dispatch(self.db, run, request, url)
+                sent = True
+                reply = await product.send(request, url)
+            with trio.CancelScope(shield=True):  # an answer in hand is always recorded
+                await self._settle(definition, run, reply)
+        except store.LeaseLost:
+            log.warning("run %s: lost its lease before its call was recorded", run.id)
+        except trio.Cancelled:
+            # Shutdown. A request that may have left is an uncertain outcome; one that
+            # never left gives the run back untouched.
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                if sent:
+                    stopped = Reply(ReplyKind.LOST, detail="the service stopped during the call")
+                    await self._settle(definition, run, stopped)
+                else:
+                    await store.release(self.db, run, run.now())
+            raise
+        finally:
+            product.queued -= 1
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def _settle(self, definition: Definition, run: store.Claimed, reply: Reply) -> None:
+        transition = settle(definition, run.step, reply, run.attempt, run.now())
+        outcome = reply.kind.value if reply.kind is not ReplyKind.RESPONSE else "response"
+        body = reply.body
+        if reply.status is not None and not 200 <= reply.status < 300:
+            body = body[:KEPT_ERROR_BODY]
+        committed = await store.commit(
+            self.db,
+            definition,
+            run,
+            transition,
+            self.lease,
+            keep_lease=False,
+            settlement=store.Settlement(outcome, reply.status, body or None),
+        )
+        if isinstance(transition, Advance):
+            self.timer.runnable()
+        elif isinstance(transition, Retry) and committed.due_at is not None:
+            self.timer.scheduled((committed.due_at - committed.run.now()).total_seconds())
+
+
+async def with_products(
+    connections: dict[str, ConnectionConfig],
+    body: Callable[[dict[str, Product]], Awaitable[None]],
+) -> None:
+    """Open an HTTP client per connection (and one for token endpoints) around ``body``."""
+    async with httpx.AsyncClient(timeout=10.0, follow_redirects=False) as token_client:
+        products = {name: Product(config, token_client) for name, config in connections.items()}
+        try:
+            await body(products)
+        finally:
+            for product in products.values():
+                await product.aclose()

@@ -1,0 +1,31 @@
+-- Registry Coordinator schema, version 2: calls in flight, cancellation requests,
+-- and the admission switch operators use during maintenance.
+
+-- Set when a call's request is sealed and dispatched, cleared when its outcome is
+-- recorded. A run found with it set after a crash had a request that may have left.
+ALTER TABLE runs ADD COLUMN dispatched_at timestamptz;
+-- An operator asked to cancel while a call was in flight: the run is cancelled
+-- once that call settles.
+ALTER TABLE runs ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false;
+
+-- Runs a process holds, for its lease keeper to extend while calls are queued or
+-- in flight.
+CREATE INDEX runs_leased ON runs (lease_owner) WHERE lease_owner IS NOT NULL;
+
+CREATE TABLE admission (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    held       boolean NOT NULL,
+    reason     text NOT NULL,
+    actor      text NOT NULL,
+    at         timestamptz NOT NULL
+);
+
+-- Every hold and release of admission, for the audit trail.
+CREATE TABLE admission_events (
+    at      timestamptz NOT NULL,
+    held    boolean NOT NULL,
+    reason  text NOT NULL,
+    actor   text NOT NULL
+);
+CREATE TRIGGER admission_events_append_only BEFORE UPDATE OR DELETE ON admission_events
+    FOR EACH ROW EXECUTE FUNCTION refuse_change();
