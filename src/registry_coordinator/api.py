@@ -17,7 +17,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import admission, store
+from . import admission, operations, store
 from .calls import Product
 from .database import Database, Row
 from .expressions import format_instant
@@ -59,6 +59,8 @@ _TITLES = {
     413: "Request body too large",
     415: "Unsupported media type",
     422: "Unprocessable input",
+    502: "Product unavailable",
+    503: "Service unavailable",
 }
 
 
@@ -92,6 +94,15 @@ def run_status(row: Row) -> JSON:
     }
 
 
+def _uuid(run_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(run_id)
+    except ValueError:
+        raise operations.ActionRefused(
+            404, "run.not-found", f"no run {run_id} that you may see"
+        ) from None
+
+
 def create_app(context: Context, body_limit: int) -> QuartTrio:
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = body_limit
@@ -117,6 +128,13 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             body = json.loads(raw)
         except (UnicodeDecodeError, ValueError) as exc:
             return problem(400, "request.malformed-json", f"the body is not JSON: {exc}")
+        held = await operations.admission_held(context.db)
+        if held is not None:
+            return problem(
+                503,
+                "admission.held",
+                f"new runs are not admitted: {held['reason']} ({held['actor']})",
+            )
         try:
             started = await admission.start(
                 context.db,
@@ -132,6 +150,67 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
         assert row is not None
         status = 201 if started.created else 200
         return _json(run_status(row), status, {"Location": f"/v1/runs/{started.run_id}"})
+
+    async def _action_body() -> JSON:
+        raw = await request.get_data(as_text=False)
+        try:
+            return json.loads(raw) if raw else {}
+        except (UnicodeDecodeError, ValueError):
+            raise operations.ActionRefused(
+                400, "request.malformed-json", "the body is not JSON"
+            ) from None
+
+    async def _run_action(run_id: str, action: str) -> Response:
+        try:
+            parsed = _uuid(run_id)
+            reason = operations.require_reason(await _action_body())
+            actor = ANONYMOUS
+            status = 200
+            if action == "cancel":
+                if not await operations.cancel(context.db, parsed, actor, reason):
+                    status = 202
+            elif action == "retry-same":
+                await operations.retry_same(
+                    context.db, context.workflows, context.timer, parsed, actor, reason
+                )
+            else:
+                await operations.reconcile(
+                    context.db,
+                    context.workflows,
+                    context.products,
+                    context.timer,
+                    parsed,
+                    actor,
+                    reason,
+                )
+        except operations.ActionRefused as refused:
+            return problem(refused.status, refused.code, refused.detail)
+        row = await store.status(context.db, parsed)
+        assert row is not None
+        return _json(run_status(row), status)
+
+    @app.post("/v1/runs/<run_id>/cancel")
+    async def cancel_run(run_id: str) -> Response:
+        return await _run_action(run_id, "cancel")
+
+    @app.post("/v1/runs/<run_id>/retry-same")
+    async def retry_same(run_id: str) -> Response:
+        return await _run_action(run_id, "retry-same")
+
+    @app.post("/v1/runs/<run_id>/reconcile")
+    async def reconcile(run_id: str) -> Response:
+        return await _run_action(run_id, "reconcile")
+
+    @app.post("/v1/admission/<change>")
+    async def admission_change(change: str) -> Response:
+        if change not in ("hold", "release"):
+            return problem(404, "route.not-found", f"no admission action {change}")
+        try:
+            reason = operations.require_reason(await _action_body())
+        except operations.ActionRefused as refused:
+            return problem(refused.status, refused.code, refused.detail)
+        await operations.set_admission(context.db, change == "hold", ANONYMOUS, reason)
+        return _json({"held": change == "hold", "reason": reason})
 
     @app.get("/v1/runs/<run_id>")
     async def get_run(run_id: str) -> Response:
@@ -165,9 +244,8 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
 
     async def _find(run_id: str) -> Row | None:
         try:
-            parsed = uuid.UUID(run_id)
-        except ValueError:
+            return await store.status(context.db, _uuid(run_id))
+        except operations.ActionRefused:
             return None
-        return await store.status(context.db, parsed)
 
     return app

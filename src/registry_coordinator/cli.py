@@ -76,6 +76,31 @@ def _parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser("migrate", help="apply pending database schema migrations")
     migrate.add_argument("--config", type=Path, required=True, metavar="FILE")
 
+    stand_ins = commands.add_parser(
+        "stand-ins", help="serve stand-in Registry Stack products (demo and tests only)"
+    )
+    stand_ins.add_argument(
+        "--product",
+        action="append",
+        default=[],
+        metavar="NAME=PORT",
+        help="serve a product (breg, casework, messaging, scheduling)",
+    )
+    stand_ins.add_argument(
+        "--webhook",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="where a product sends its signed result webhooks",
+    )
+    stand_ins.add_argument(
+        "--delivery-delay",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how long Messaging takes to deliver a message",
+    )
+
     demo = commands.add_parser("demo", help="walk the tutorial workflow")
     demo.add_argument("--workflows", type=Path, default=Path("workflows"), metavar="DIR")
     return parser
@@ -91,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "graph": _graph,
         "serve": _serve,
         "migrate": _migrate,
+        "stand-ins": _stand_ins,
         "demo": _demo,
     }[args.command]
     try:
@@ -298,6 +324,50 @@ def _migrate(args: argparse.Namespace) -> int:
                 print("the schema is current")
 
     return _run_service(run)
+
+
+def _stand_ins(args: argparse.Namespace) -> int:
+    import os
+
+    import trio
+
+    from .standins import PRODUCTS, Webhook, serve_stand_ins
+
+    def pairs(values: list[str], what: str) -> dict[str, str]:
+        found = {}
+        for value in values:
+            name, _, setting = value.partition("=")
+            if name not in PRODUCTS or not setting:
+                raise SystemExit(
+                    f"coordinator stand-ins: {what} {value!r} is not NAME=VALUE "
+                    f"with NAME one of {', '.join(PRODUCTS)}"
+                )
+            found[name] = setting
+        return found
+
+    ports = {name: int(port) for name, port in pairs(args.product, "--product").items()}
+    if not ports:
+        print("coordinator stand-ins: name at least one --product NAME=PORT", file=sys.stderr)
+        return USAGE
+    token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
+    secret = os.environ.get("STANDIN_WEBHOOK_SECRET", "stand-in-webhook-secret")
+    hooks = {
+        name: Webhook(url, secret, args.delivery_delay)
+        for name, url in pairs(args.webhook, "--webhook").items()
+    }
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(serve_stand_ins, ports, token, hooks)
+            for name, url in urls.items():
+                print(f"{name} {url}", flush=True)
+
+    _logging()
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        return OK
+    return OK
 
 
 def _run_service(main: Callable[[], Awaitable[None]]) -> int:

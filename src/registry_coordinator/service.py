@@ -90,6 +90,7 @@ async def _supervise(
     http = HypercornConfig()
     http.bind = [f"{config.host}:{config.port}"]
     http.accesslog = None
+    http.errorlog = logging.getLogger("hypercorn.error")
     http.graceful_timeout = config.engine.shutdown_grace.total_seconds()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

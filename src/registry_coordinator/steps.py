@@ -250,6 +250,12 @@ def build_request(operation: Operation, payload: dict[str, JSON], key: str | Non
     return Request(operation.method, target, body, key if operation.idempotency_key else None)
 
 
+def build_receipt_request(operation: Operation, key: str) -> Request:
+    """The read-only lookup of the product's record of an original idempotency key."""
+    assert operation.receipt is not None
+    return Request("GET", operation.receipt.replace("{key}", quote(key, safe="")), None, None)
+
+
 def _query_value(value: JSON) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 

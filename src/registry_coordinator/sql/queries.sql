@@ -169,22 +169,61 @@ SELECT at, held, reason, actor FROM changed;
 
 -- name: operator_run
 -- A run as an operator action needs it, locked against the engine for the action.
-SELECT r.id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.outputs, r.completed,
-       r.admitted_at, r.deadline_at, r.dispatched_at, r.lease_owner, r.hold_code
-FROM runs r WHERE r.id = %(id)s FOR UPDATE;
+SELECT id, digest, state, step, seq, attempt, dispatched_at, hold_code
+FROM runs WHERE id = %(id)s FOR UPDATE;
 
--- name: operator_transition
--- An operator's action on a run, with its history event naming who and why.
+-- name: operator_note
+-- An operator's action that leaves the run where it is (a cancellation waiting for
+-- a call in flight, a reconciliation without a receipt): only its history event.
+WITH moved AS (
+    UPDATE runs SET seq = seq + 1, cancel_requested = cancel_requested OR %(cancel)s,
+                    updated_at = now()
+    WHERE id = %(id)s AND seq = %(seq)s
+    RETURNING id, seq, step
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, seq, now(), %(kind)s, step, %(actor)s, %(event)s FROM moved
+RETURNING seq;
+
+-- name: operator_cancel
 WITH moved AS (
     UPDATE runs
-    SET state = %(state)s, step = %(step)s, seq = seq + 1, timer_at = NULL,
-        due_at = %(due_at)s, lease_owner = NULL, outputs = outputs || %(outputs)s,
-        completed = completed || %(completed)s, hold_code = %(hold_code)s,
-        detail = %(detail)s, failure_code = NULL, updated_at = now(), ended_at = %(ended_at)s,
-        cancel_requested = %(cancel_requested)s, attempt = %(attempt)s
+    SET state = 'cancelled', seq = seq + 1, due_at = NULL, timer_at = NULL, lease_owner = NULL,
+        hold_code = NULL, detail = %(detail)s, updated_at = now(), ended_at = now()
     WHERE id = %(id)s AND seq = %(seq)s
+    RETURNING id, seq, step
+), unwaited AS (
+    DELETE FROM waits WHERE run_id IN (SELECT id FROM moved)
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, seq, now(), 'cancelled', step, %(actor)s, %(event)s FROM moved
+RETURNING seq;
+
+-- name: operator_resume
+-- retry-same: the held run is due at once; the worker resends the sealed request.
+WITH moved AS (
+    UPDATE runs
+    SET state = 'running', seq = seq + 1, due_at = now(), hold_code = NULL, detail = NULL,
+        updated_at = now()
+    WHERE id = %(id)s AND seq = %(seq)s AND state = 'held'
+    RETURNING id, seq, step
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, seq, now(), 'retry-same', step, %(actor)s, %(event)s FROM moved
+RETURNING seq;
+
+-- name: operator_complete
+-- reconcile: the product's receipt confirms the call; the step completes with it.
+WITH moved AS (
+    UPDATE runs
+    SET state = 'running', seq = seq + 1, step = %(next)s, attempt = 0, due_at = now(),
+        hold_code = NULL, detail = NULL, dispatched_at = NULL, updated_at = now(),
+        outputs = outputs || %(outputs)s,
+        completed = completed || jsonb_build_object(
+            step, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+    WHERE id = %(id)s AND seq = %(seq)s AND state = 'held'
     RETURNING id, seq
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, seq, now(), %(kind)s, %(event_step)s, %(actor)s, %(event)s FROM moved
+SELECT id, seq, now(), 'reconciled', %(step)s, %(actor)s, %(event)s FROM moved
 RETURNING seq;
