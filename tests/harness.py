@@ -41,6 +41,7 @@ def coordinator(*args: str | Path, cwd: Path | None = None) -> subprocess.Comple
         cwd=cwd or ROOT,
         timeout=120,
         check=False,
+        env=process_env(),
     )
 
 
@@ -95,6 +96,20 @@ def package(workflow: str, output: Path) -> tuple[Path, str]:
     return Path(written), digest
 
 
+STANDIN_TOKEN = "test-token-1"
+WEBHOOK_SECRET = "test-webhook-secret"
+
+
+def connection(product: str, port: int, **settings: Any) -> dict[str, Any]:
+    """A connection to a stand-in on ``port``, authenticated with the tests' bearer token."""
+    return {
+        "product": product,
+        "baseUrl": f"http://127.0.0.1:{port}",
+        "identity": {"bearer": "env:STANDIN_TOKEN"},
+        **settings,
+    }
+
+
 def write_config(
     directory: Path,
     dsn: str,
@@ -104,6 +119,8 @@ def write_config(
     workers: int = 2,
     lease: str = "PT5S",
     sweep: str = "PT2S",
+    connections: dict[str, dict[str, Any]] | None = None,
+    grace: str = "PT5S",
     extra: dict[str, Any] | None = None,
 ) -> Path:
     pins = []
@@ -114,7 +131,13 @@ def write_config(
         "database": {"dsn": dsn, "poolSize": workers + 3},
         "listen": {"host": "127.0.0.1", "port": port or free_port()},
         "workflows": pins,
-        "engine": {"workers": workers, "lease": lease, "sweepInterval": sweep},
+        "engine": {
+            "workers": workers,
+            "lease": lease,
+            "sweepInterval": sweep,
+            "shutdownGrace": grace,
+        },
+        "connections": connections or {},
         **(extra or {}),
     }
     path = directory / f"config-{uuid.uuid4().hex[:6]}.yaml"
@@ -122,14 +145,20 @@ def write_config(
     return path
 
 
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment service and stand-in processes run with: the tests' secrets."""
+    settings = {"STANDIN_TOKEN": STANDIN_TOKEN, "STANDIN_WEBHOOK_SECRET": WEBHOOK_SECRET}
+    return {**os.environ, **settings, **extra}
+
+
 def coordinator_process(
-    args: list[str], log: Path, env: dict[str, str] | None = None
+    args: list[str], log: Path, env: dict[str, str] | None = None, stdout: Any = subprocess.DEVNULL
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "registry_coordinator", *args],
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,
         stderr=log.open("ab"),
-        env={**os.environ, **(env or {})},
+        env=process_env(**(env or {})),
         cwd=ROOT,
     )
 
@@ -140,6 +169,7 @@ def migrate(config: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        env=process_env(),
     )
     assert result.returncode == 0, result.stderr
 
@@ -281,3 +311,72 @@ def old_postgres() -> Iterator[str]:
     finally:
         run(str(binaries / "pg_ctl"), "-D", str(data), "-w", "-m", "immediate", "stop")
         shutil.rmtree(directory, ignore_errors=True)
+
+
+class StandIns:
+    """A ``coordinator stand-ins`` process serving some products, each on its own port."""
+
+    def __init__(
+        self,
+        log: Path,
+        ports: dict[str, int],
+        webhooks: dict[str, str] | None = None,
+        delivery_delay: float = 0.5,
+    ) -> None:
+        self.ports = ports
+        args = ["stand-ins", "--delivery-delay", str(delivery_delay)]
+        args += [f"--product={name}={port}" for name, port in ports.items()]
+        args += [f"--webhook={name}={url}" for name, url in (webhooks or {}).items()]
+        self.process = coordinator_process(args, log, stdout=subprocess.PIPE)
+        assert self.process.stdout is not None
+        for _ in ports:
+            line = self.process.stdout.readline().decode()
+            assert line, f"stand-ins did not start:\n{log.read_text()}"
+
+    def url(self, product: str) -> str:
+        return f"http://127.0.0.1:{self.ports[product]}"
+
+    def ledger(self, product: str) -> dict[str, Any]:
+        return dict(httpx.get(self.url(product) + "/_control/ledger", timeout=5).json())
+
+    def faults(self, product: str, *rules: dict[str, Any]) -> None:
+        response = httpx.post(self.url(product) + "/_control/faults", json=list(rules), timeout=5)
+        assert response.status_code == 200
+
+    def requests(self, product: str, method: str, path_prefix: str) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in self.ledger(product)["requests"]
+            if r["method"] == method and r["path"].startswith(path_prefix)
+        ]
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
+@contextmanager
+def stand_ins(log: Path, ports: dict[str, int], **options: Any) -> Iterator[StandIns]:
+    products = StandIns(log, ports, **options)
+    try:
+        yield products
+    finally:
+        products.stop()
+
+
+def run_state(dsn: str, run_id: str) -> dict[str, Any]:
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT * FROM runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def events(dsn: str, run_id: str) -> list[dict[str, Any]]:
+    with sync_connection(dsn) as conn:
+        return list(
+            conn.execute(
+                "SELECT seq, at, kind, step, actor, detail FROM run_events WHERE run_id = %s "
+                "ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+        )

@@ -150,7 +150,11 @@ async def reconcile(
             reply = await product.send(lookup, product.url(lookup.target))
         body: JSON = None
         problems = ["no answer"]
-        if reply.kind is ReplyKind.RESPONSE and reply.status == 200:
+        if (
+            reply.kind is ReplyKind.RESPONSE
+            and reply.status is not None
+            and reply.status // 100 == 2
+        ):
             try:
                 body = json.loads(reply.body)
                 problems = definition.schema_errors(operation.response_schema, body)

@@ -163,8 +163,13 @@ class StandIn:
         key = request.headers.get("Idempotency-Key")
         body = await request.get_data(as_text=False)
         assert isinstance(body, bytes)
-        entry = {"method": method, "path": path, "key": key, "at": time.time(),
-                 "bodySha256": hashlib.sha256(body).hexdigest()}
+        entry = {
+            "method": method,
+            "path": path,
+            "key": key,
+            "at": time.time(),
+            "bodySha256": hashlib.sha256(body).hexdigest(),
+        }
         self.ledger.requests.append(entry)
         self.ledger.in_flight += 1
         self.ledger.max_in_flight = max(self.ledger.max_in_flight, self.ledger.in_flight)
