@@ -322,12 +322,13 @@ class StandIns:
         ports: dict[str, int],
         webhooks: dict[str, str] | None = None,
         delivery_delay: float = 0.5,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.ports = ports
         args = ["stand-ins", "--delivery-delay", str(delivery_delay)]
         args += [f"--product={name}={port}" for name, port in ports.items()]
         args += [f"--webhook={name}={url}" for name, url in (webhooks or {}).items()]
-        self.process = coordinator_process(args, log, stdout=subprocess.PIPE)
+        self.process = coordinator_process(args, log, env=env, stdout=subprocess.PIPE)
         assert self.process.stdout is not None
         for _ in ports:
             line = self.process.stdout.readline().decode()

@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=PORT",
-        help="serve a product (breg, casework, messaging, scheduling)",
+        help="serve a product (breg, casework, messaging, scheduling) or the token endpoint (idp)",
     )
     stand_ins.add_argument(
         "--webhook",
@@ -331,16 +331,18 @@ def _stand_ins(args: argparse.Namespace) -> int:
 
     import trio
 
-    from .standins import PRODUCTS, Webhook, serve_stand_ins
+    from .standins import IDP, PRODUCTS, Client, Webhook, serve_stand_ins
+
+    names = (*PRODUCTS, IDP)
 
     def pairs(values: list[str], what: str) -> dict[str, str]:
         found = {}
         for value in values:
             name, _, setting = value.partition("=")
-            if name not in PRODUCTS or not setting:
+            if name not in names or not setting:
                 raise SystemExit(
                     f"coordinator stand-ins: {what} {value!r} is not NAME=VALUE "
-                    f"with NAME one of {', '.join(PRODUCTS)}"
+                    f"with NAME one of {', '.join(names)}"
                 )
             found[name] = setting
         return found
@@ -355,10 +357,18 @@ def _stand_ins(args: argparse.Namespace) -> int:
         name: Webhook(url, secret, args.delivery_delay)
         for name, url in pairs(args.webhook, "--webhook").items()
     }
+    # The IdP's one client, Coordinator: a secret, or a public key to check its JWTs.
+    key_file = os.environ.get("STANDIN_CLIENT_PUBLIC_KEY")
+    client = Client(
+        os.environ.get("STANDIN_CLIENT_ID", "coordinator"),
+        None if key_file else os.environ.get("STANDIN_CLIENT_SECRET", "stand-in-client-secret"),
+        Path(key_file).read_text() if key_file else None,
+        int(os.environ.get("STANDIN_TOKEN_LIFETIME", "3600")),
+    )
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            urls = await nursery.start(serve_stand_ins, ports, token, hooks)
+            urls = await nursery.start(serve_stand_ins, ports, token, hooks, "127.0.0.1", client)
             for name, url in urls.items():
                 print(f"{name} {url}", flush=True)
 

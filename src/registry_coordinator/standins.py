@@ -25,8 +25,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
+import jwt
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
@@ -38,6 +40,8 @@ from .expressions import format_instant
 log = logging.getLogger(__name__)
 JSON = Any
 PRODUCTS = ("breg", "casework", "messaging", "scheduling")
+#: Not a catalog product: an OAuth 2 token endpoint the product stand-ins trust.
+IDP = "idp"
 SIGNATURE_HEADER = "Coordinator-Signature"
 
 
@@ -94,13 +98,44 @@ class Webhook:
     delay: float = 0.0
 
 
+@dataclass
+class Tokens:
+    """Bearer tokens the stand-ins accept: the static one, and those their IdP issued."""
+
+    static: str
+    issued: dict[str, float] = field(default_factory=dict)  # token -> expiry (monotonic)
+
+    def valid(self, header: str | None) -> bool:
+        if header is None or not header.startswith("Bearer "):
+            return False
+        token = header[7:]
+        return token == self.static or self.issued.get(token, 0.0) > time.monotonic()
+
+
+@dataclass
+class Client:
+    """The one OAuth 2 client the stand-in IdP knows: Coordinator."""
+
+    client_id: str
+    secret: str | None
+    public_key: str | None  # PEM, for private_key_jwt
+    lifetime: int = 3600
+
+
 class StandIn:
     """One product's stand-in: its app, its state, its faults and its ledger."""
 
-    def __init__(self, product: str, token: str, webhook: Webhook | None = None) -> None:
-        assert product in PRODUCTS, product
+    def __init__(
+        self,
+        product: str,
+        tokens: Tokens,
+        webhook: Webhook | None = None,
+        client: Client | None = None,
+    ) -> None:
+        assert product in (*PRODUCTS, IDP), product
         self.product = product
-        self.token = token
+        self.tokens = tokens
+        self.client = client
         self.webhook = webhook
         self.ledger = Ledger()
         self.faults: list[Fault] = []
@@ -130,7 +165,7 @@ class StandIn:
     def _build(self) -> QuartTrio:
         app = QuartTrio(f"standin-{self.product}")
         app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
-        routes = ROUTES[self.product]
+        routes = ROUTES.get(self.product, [])
 
         @app.route("/_control/ledger", methods=["GET"])
         async def ledger() -> Response:
@@ -193,7 +228,9 @@ class StandIn:
         if fault is not None and fault.mode == "status":
             headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after else {}
             return _json(fault.status, {"title": f"stand-in fault {fault.status}"}, headers)
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        if self.product == IDP:
+            return self._issue(body)
+        if not self.tokens.valid(request.headers.get("Authorization")):
             return _json(401, {"title": "unknown or missing bearer token"})
         if path.startswith("/v1/") and "/by-idempotency-key/" in path:
             original = self.receipts.get(path.rsplit("/", 1)[1])
@@ -221,6 +258,44 @@ class StandIn:
         if fault is not None and fault.mode == "invalid":
             return _json(200, {"unexpected": True})
         return _json(status, answer)
+
+    def _issue(self, body: bytes) -> Response:
+        """The token endpoint: client credentials by client_secret_post or private_key_jwt."""
+        form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+        client = self.client
+        if (
+            client is None
+            or form.get("grant_type") != "client_credentials"
+            or form.get("client_id") != client.client_id
+        ):
+            return _json(400, {"error": "invalid_client"})
+        if client.secret is not None:
+            if not hmac.compare_digest(form.get("client_secret", ""), client.secret):
+                return _json(401, {"error": "invalid_client"})
+        else:
+            try:
+                claims = jwt.decode(
+                    form.get("client_assertion", ""),
+                    client.public_key or "",
+                    algorithms=["RS256", "ES256", "EdDSA"],
+                    audience=request.url.split("?")[0],
+                )
+            except jwt.PyJWTError as exc:
+                return _json(401, {"error": "invalid_client", "error_description": str(exc)})
+            if claims.get("iss") != client.client_id or claims.get("sub") != client.client_id:
+                return _json(401, {"error": "invalid_client"})
+        token = self.next_id("tok") + "-" + hashlib.sha256(body).hexdigest()[:16]
+        self.tokens.issued[token] = time.monotonic() + client.lifetime
+        self.ledger.applied["tokens"] += 1
+        return _json(
+            200,
+            {
+                "access_token": token,
+                "token_type": "Bearer",
+                "expires_in": client.lifetime,
+                "scope": form.get("scope", ""),
+            },
+        )
 
     # --- webhooks -----------------------------------------------------------------------
 
@@ -424,13 +499,15 @@ async def serve_stand_ins(
     token: str,
     webhooks: dict[str, Webhook],
     host: str = "127.0.0.1",
+    client: Client | None = None,
     *,
     task_status: trio.TaskStatus[dict[str, str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the named products, each on its own port; reports their base URLs."""
+    """Serve the named products (and the IdP), each on its own port; reports their URLs."""
+    tokens = Tokens(token)
     async with trio.open_nursery() as nursery:
         urls = {}
         for product, port in ports.items():
-            stand_in = StandIn(product, token, webhooks.get(product))
+            stand_in = StandIn(product, tokens, webhooks.get(product), client)
             urls[product] = await nursery.start(stand_in.serve, host, port)
         task_status.started(urls)

@@ -117,6 +117,7 @@ class Claimed:
     admitted_at: datetime
     deadline_at: datetime
     owner: str
+    token: uuid.UUID  # this claim's lease token: every write is fenced on it
     dispatched: bool  # a call's request was sealed and may have left, with no outcome recorded
     clock: tuple[datetime, float] = field(repr=False)  # database time at claim, trio time then
 
@@ -136,6 +137,7 @@ class Claimed:
             admitted_at=row["admitted_at"],
             deadline_at=row["deadline_at"],
             owner=row["lease_owner"],
+            token=row["lease_token"],
             dispatched=row["dispatched_at"] is not None,
             clock=(row["now"], trio.current_time()),
         )
@@ -172,9 +174,7 @@ async def next_due(db: Database) -> float | None:
 
 
 async def release(db: Database, run: Claimed, due_at: datetime | None) -> None:
-    await db.execute(
-        "release_run", {"id": run.id, "owner": run.owner, "seq": run.seq, "due_at": due_at}
-    )
+    await db.execute("release_run", {"id": run.id, "token": run.token, "due_at": due_at})
 
 
 async def extend_leases(db: Database, owner: str, lease: timedelta) -> int:
@@ -199,8 +199,7 @@ async def dispatch(db: Database, run: Claimed, request: Request, url: str) -> Cl
     """Seal the request and mark it dispatched, before it is sent (fenced like a transition)."""
     params = {
         "id": run.id,
-        "owner": run.owner,
-        "seq": run.seq,
+        "token": run.token,
         "now": run.now(),
         "step": run.step,
         "method": request.method,
@@ -253,9 +252,7 @@ async def commit(
                 raise LeaseLost(str(run.id))
         else:
             async with conn.transaction():
-                locked = await conn.row(
-                    "lock_run", {"id": run.id, "owner": run.owner, "seq": run.seq}
-                )
+                locked = await conn.row("lock_run", {"id": run.id, "token": run.token})
                 if locked is None:
                     raise LeaseLost(str(run.id))
                 effective: Transition | Cancelled = transition
@@ -308,8 +305,7 @@ def _columns(
     step = run.step
     params: dict[str, Any] = {
         "id": run.id,
-        "owner": run.owner,
-        "seq": run.seq,
+        "token": run.token,
         "now": now,
         "step": step,
         "event_step": step,
@@ -319,6 +315,7 @@ def _columns(
         "timer_at": None,
         "due_at": None,
         "lease_owner": None,
+        "lease_token": None,
         "outputs": {},
         "completed": {},
         "outcome": None,
@@ -345,6 +342,7 @@ def _columns(
             step=transition.next,
             due_at=now + lease if keep_lease else now,
             lease_owner=run.owner if keep_lease else None,
+            lease_token=run.token if keep_lease else None,
             completed={step: format_instant(now)},
             kind="step-completed",
             event={"via": transition.via, "next": transition.next},

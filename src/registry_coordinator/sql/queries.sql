@@ -65,7 +65,8 @@ SELECT seq, at, kind, step, actor, detail FROM run_events WHERE run_id = %(id)s 
 -- Take the earliest due run nobody holds, and hold it until the lease runs out:
 -- due_at becomes the lease's expiry, so a crashed holder's run falls due again.
 UPDATE runs r
-SET due_at = clock_timestamp() + %(lease)s, lease_owner = %(owner)s
+SET due_at = clock_timestamp() + %(lease)s, lease_owner = %(owner)s,
+    lease_token = gen_random_uuid()
 FROM (
     SELECT id FROM runs
     WHERE due_at <= clock_timestamp()
@@ -76,7 +77,7 @@ FROM (
 WHERE r.id = due.id
 RETURNING r.id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
           r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
-          r.dispatched_at, r.cancel_requested, clock_timestamp() AS now;
+          r.lease_token, r.dispatched_at, clock_timestamp() AS now;
 
 -- name: next_due
 -- Seconds until the earliest due run (negative when overdue), NULL when none.
@@ -84,17 +85,19 @@ SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8 AS seconds
 FROM runs WHERE due_at IS NOT NULL;
 
 -- name: transition
--- Commit one transition and its history event, only if this worker still holds
--- the run at the sequence number it read: a run never moves twice from one state.
+-- Commit one transition and its history event, only while this claim still holds
+-- the run (its lease token): a run never moves twice from one state, and a holder
+-- whose lease ran out, or whose run an operator cancelled, writes nothing.
 WITH moved AS (
     UPDATE runs
     SET state = %(state)s, step = %(step)s, seq = seq + 1, attempt = %(attempt)s,
         timer_at = %(timer_at)s, due_at = %(due_at)s, lease_owner = %(lease_owner)s,
+        lease_token = %(lease_token)s,
         outputs = outputs || %(outputs)s, completed = completed || %(completed)s,
         outcome = %(outcome)s, output = %(output)s, failure_code = %(failure_code)s,
         hold_code = %(hold_code)s, detail = %(detail)s, updated_at = %(now)s,
         ended_at = %(ended_at)s, dispatched_at = NULL, cancel_requested = false
-    WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s
+    WHERE id = %(id)s AND lease_token = %(token)s
     RETURNING id, seq
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
@@ -103,8 +106,8 @@ RETURNING seq;
 
 -- name: release_run
 -- Give a claimed run back without a transition (nothing was due yet).
-UPDATE runs SET due_at = %(due_at)s, lease_owner = NULL
-WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s;
+UPDATE runs SET due_at = %(due_at)s, lease_owner = NULL, lease_token = NULL
+WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: register_wait
 INSERT INTO waits (run_id, step, connection, result, key, since, timeout_at)
@@ -130,7 +133,7 @@ ORDER BY attempt LIMIT 1;
 WITH moved AS (
     UPDATE runs
     SET seq = seq + 1, attempt = attempt + 1, dispatched_at = %(now)s, updated_at = %(now)s
-    WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s AND NOT cancel_requested
+    WHERE id = %(id)s AND lease_token = %(token)s AND NOT cancel_requested
     RETURNING id, seq, attempt
 ), sealed AS (
     INSERT INTO executions (run_id, step, attempt, method, url, body, idempotency_key,
@@ -146,7 +149,7 @@ RETURNING seq;
 
 -- name: lock_run
 SELECT cancel_requested FROM runs
-WHERE id = %(id)s AND lease_owner = %(owner)s AND seq = %(seq)s
+WHERE id = %(id)s AND lease_token = %(token)s
 FOR UPDATE;
 
 -- name: settle_execution
@@ -189,6 +192,7 @@ RETURNING seq;
 WITH moved AS (
     UPDATE runs
     SET state = 'cancelled', seq = seq + 1, due_at = NULL, timer_at = NULL, lease_owner = NULL,
+        lease_token = NULL,
         hold_code = NULL, detail = %(detail)s, updated_at = now(), ended_at = now()
     WHERE id = %(id)s AND seq = %(seq)s
     RETURNING id, seq, step

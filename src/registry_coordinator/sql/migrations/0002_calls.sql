@@ -4,6 +4,10 @@
 -- Set when a call's request is sealed and dispatched, cleared when its outcome is
 -- recorded. A run found with it set after a crash had a request that may have left.
 ALTER TABLE runs ADD COLUMN dispatched_at timestamptz;
+-- Each claim's own token: a holder writes only while its claim stands, so a holder
+-- whose lease ran out (and was claimed again, even by its own process) or whose run
+-- an operator cancelled writes nothing.
+ALTER TABLE runs ADD COLUMN lease_token uuid;
 -- An operator asked to cancel while a call was in flight: the run is cancelled
 -- once that call settles.
 ALTER TABLE runs ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false;

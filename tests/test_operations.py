@@ -1,0 +1,195 @@
+"""Service identities (OAuth 2 client credentials), cancellation, admission, no secrets kept."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from registry_coordinator.database import sync_connection
+
+from .harness import (
+    STANDIN_TOKEN,
+    connection,
+    events,
+    free_port,
+    migrate,
+    run_state,
+    running,
+    stand_ins,
+    wait_for,
+    write_config,
+)
+
+
+def wait_state(dsn: str, run: str, state: str, timeout: float = 30) -> None:
+    wait_for(dsn, "SELECT state FROM runs WHERE id = %s", state, timeout, params=(run,))
+
+
+def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:
+    return {
+        "oauth2": {
+            "tokenUrl": f"http://127.0.0.1:{idp_port}/oauth2/token",
+            "clientId": "coordinator",
+            "scopes": ["messaging.send"],
+            **credentials,
+        }
+    }
+
+
+def test_client_secret_tokens_are_fetched_once_and_reused(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port, idp = free_port(), free_port()
+    notices = connection(
+        "messaging", port, identity=oauth2(idp, clientSecret="env:STANDIN_CLIENT_SECRET")
+    )
+    config = write_config(tmp_path, dsn, ["notify"], connections={"notices": notices})
+    env = {"STANDIN_CLIENT_SECRET": "s3cret-for-tests"}
+    monkeypatch.setenv("STANDIN_CLIENT_SECRET", "s3cret-for-tests")  # the service's copy
+    migrate(config)
+    with (
+        stand_ins(tmp_path / "standins.log", {"messaging": port, "idp": idp}, env=env) as products,
+        running(config, tmp_path / "service.log") as service,
+    ):
+        runs = [service.start_run("notify", {"email": f"{n}@example.org"}) for n in range(5)]
+        for run in runs:
+            wait_state(dsn, run, "finished")
+        issued = products.ledger("idp")["applied"]
+    assert issued == {"tokens": 1}
+    with sync_connection(dsn) as conn:
+        kept = conn.execute(
+            "SELECT (SELECT string_agg(detail::text || actor, ' ') FROM run_events) AS events, "
+            "(SELECT string_agg(encode(coalesce(body, ''), 'escape') || url || "
+            "coalesce(encode(response, 'escape'), ''), ' ') FROM executions) AS calls"
+        ).fetchone()
+    assert kept is not None
+    for text in (kept["events"], kept["calls"]):
+        assert "s3cret-for-tests" not in text
+        assert "Bearer" not in text and "tok-" not in text
+
+
+def test_private_key_jwt_client_authentication(dsn: str, tmp_path: Path) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = tmp_path / "key.pem"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public = tmp_path / "key.pub.pem"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    port, idp = free_port(), free_port()
+    notices = connection(
+        "messaging",
+        port,
+        identity=oauth2(idp, privateKey=f"file:{private}", keyId="k1", algorithm="RS256"),
+    )
+    config = write_config(tmp_path, dsn, ["notify"], connections={"notices": notices})
+    migrate(config)
+    with (
+        stand_ins(
+            tmp_path / "standins.log",
+            {"messaging": port, "idp": idp},
+            env={"STANDIN_CLIENT_PUBLIC_KEY": str(public)},
+        ) as products,
+        running(config, tmp_path / "service.log") as service,
+    ):
+        run = service.start_run("notify", {"email": "a@example.org"})
+        wait_state(dsn, run, "finished")
+        assert products.ledger("idp")["applied"] == {"tokens": 1}
+
+
+def test_a_refused_client_secret_holds_the_run(dsn: str, tmp_path: Path) -> None:
+    port, idp = free_port(), free_port()
+    notices = connection("messaging", port, identity=oauth2(idp, clientSecret="env:STANDIN_TOKEN"))
+    config = write_config(tmp_path, dsn, ["notify"], connections={"notices": notices})
+    migrate(config)
+    with (
+        stand_ins(tmp_path / "standins.log", {"messaging": port, "idp": idp}) as products,
+        running(config, tmp_path / "service.log") as service,
+    ):
+        run = service.start_run("notify", {"email": "a@example.org"})
+        wait_state(dsn, run, "held")
+        assert products.requests("messaging", "POST", "/v1/messages") == []
+    state = run_state(dsn, run)
+    assert state["hold_code"] == "product-forbidden"
+    assert "token endpoint" in state["detail"]
+    assert STANDIN_TOKEN not in state["detail"]
+
+
+def test_cancel_with_a_call_in_flight_takes_effect_when_it_settles(
+    dsn: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = write_config(
+        tmp_path,
+        dsn,
+        ["notify", "timed-choice"],
+        connections={"notices": connection("messaging", port)},
+    )
+    migrate(config)
+    with (
+        stand_ins(tmp_path / "standins.log", {"messaging": port}) as products,
+        running(config, tmp_path / "service.log") as service,
+    ):
+        products.faults("messaging", {"match": "POST", "mode": "delay", "seconds": 2})
+        run = service.start_run("notify", {"email": "a@example.org"})
+        wait_for(
+            dsn, "SELECT dispatched_at IS NOT NULL FROM runs WHERE id = %s", True, params=(run,)
+        )
+        asked = service.http.post(f"/v1/runs/{run}/cancel", json={"reason": "applicant withdrew"})
+        assert asked.status_code == 202, asked.text
+        assert asked.json()["state"] == "running"
+        wait_state(dsn, run, "cancelled")
+        time.sleep(1)
+        assert len(products.requests("messaging", "POST", "/v1/messages")) == 1
+
+        waiting = service.start_run("timed-choice", {"answer": "yes"})
+        wait_state(dsn, waiting, "waiting")
+        done = service.http.post(f"/v1/runs/{waiting}/cancel", json={"reason": "duplicate"})
+        assert done.status_code == 200
+        assert done.json()["state"] == "cancelled"
+        again = service.http.post(f"/v1/runs/{waiting}/cancel", json={"reason": "twice"})
+        assert again.status_code == 409
+        assert again.json()["code"] == "run.ended"
+        time.sleep(2.5)  # past the wait-until: nothing moves a cancelled run
+        assert run_state(dsn, waiting)["state"] == "cancelled"
+    kinds = [e["kind"] for e in events(dsn, run)]
+    assert kinds == ["admitted", "call-dispatched", "cancel-requested", "cancelled"]
+    assert events(dsn, run)[2]["detail"] == {"reason": "applicant withdrew"}
+    with sync_connection(dsn) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM waits").fetchone() == {"n": 0}
+
+
+def test_admission_hold_and_release(dsn: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, dsn, ["timed-choice"])
+    migrate(config)
+    with running(config, tmp_path / "service.log") as service:
+        body = {"workflow": "timed-choice", "input": {"answer": "no"}}
+        held = service.http.post("/v1/admission/hold", json={"reason": "database upgrade"})
+        assert held.status_code == 200
+        refused = service.http.post("/v1/runs", json=body, headers={"Idempotency-Key": "a"})
+        assert refused.status_code == 503
+        assert refused.json()["code"] == "admission.held"
+        assert "database upgrade" in refused.json()["detail"]
+        assert service.http.post("/v1/admission/release", json={}).status_code == 400
+        released = service.http.post("/v1/admission/release", json={"reason": "done"})
+        assert released.status_code == 200
+        started = service.http.post("/v1/runs", json=body, headers={"Idempotency-Key": "a"})
+        assert started.status_code == 201
+    with sync_connection(dsn) as conn:
+        trail = conn.execute("SELECT held, reason FROM admission_events ORDER BY at").fetchall()
+    assert trail == [
+        {"held": True, "reason": "database upgrade"},
+        {"held": False, "reason": "done"},
+    ]
