@@ -8,20 +8,26 @@ caller sends produces a 5xx or a stack trace.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import trio
+from psycopg.types.json import Jsonb
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import admission, operations, store
 from .calls import Product
-from .database import Database, Row
-from .expressions import format_instant
+from .catalog import builtin_catalog
+from .database import Database, Row, Unavailable
+from .expressions import format_instant, holds_nul
+from .listener import Listener
 from .timers import Timer
+from .webhooks import SIGNATURE_HEADER, SignatureRefused, verify
 from .workflows import Workflows
 
 JSON = Any
@@ -37,6 +43,7 @@ class Context:
     workflows: Workflows
     timer: Timer
     products: dict[str, Product]
+    listener: Listener
 
 
 def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
@@ -53,6 +60,7 @@ def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
 
 _TITLES = {
     400: "Bad request",
+    401: "Unauthorized",
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
@@ -92,6 +100,22 @@ def run_status(row: Row) -> JSON:
         "updatedAt": _instant(row["updated_at"]),
         "endedAt": _instant(row["ended_at"]),
     }
+
+
+def _delivery_problem(body: JSON, results: list[str]) -> str | None:
+    """What is wrong with a delivery's body, if anything."""
+    if not isinstance(body, dict):
+        return "the delivery must be a JSON object {result, key, eventId, payload?}"
+    unknown = sorted(set(body) - {"result", "key", "eventId", "payload"})
+    if unknown:
+        return f"unknown fields: {', '.join(unknown)}"
+    for name, limit in (("result", 64), ("key", 500), ("eventId", 200)):
+        value = body.get(name)
+        if not isinstance(value, str) or not 1 <= len(value) <= limit:
+            return f"{name} must be a string of 1 to {limit} characters"
+    if body["result"] not in results:
+        return f"unknown result {body['result']!r}; this product delivers: {', '.join(results)}"
+    return None
 
 
 def _uuid(run_id: str) -> uuid.UUID:
@@ -211,6 +235,82 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             return problem(refused.status, refused.code, refused.detail)
         await operations.set_admission(context.db, change == "hold", ANONYMOUS, reason)
         return _json({"held": change == "hold", "reason": reason})
+
+    @app.post("/v1/results/<connection>")
+    async def deliver_result(connection: str) -> Response:
+        product = context.products.get(connection)
+        if product is None or product.config.webhook_secret is None:
+            return problem(
+                404,
+                "connection.unknown",
+                f"no connection {connection} that accepts result webhooks",
+            )
+        raw = await request.get_data(as_text=False)
+        assert isinstance(raw, bytes)
+        try:
+            verify(
+                product.config.webhook_secret,
+                request.headers.get(SIGNATURE_HEADER),
+                raw,
+                time.time(),
+            )
+        except SignatureRefused as refused:
+            return problem(401, refused.code, refused.detail)
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            return problem(400, "request.malformed-json", f"the body is not JSON: {exc}")
+        results = builtin_catalog().products[product.config.product].results
+        problem_text = _delivery_problem(body, sorted(results))
+        if problem_text is not None:
+            return problem(
+                400 if "unknown result" not in problem_text else 422,
+                "webhook.invalid-delivery",
+                problem_text,
+            )
+        if holds_nul(body):
+            return problem(400, "webhook.invalid-delivery", "the delivery holds a NUL character")
+        row = await context.db.row(
+            "record_delivery",
+            {
+                "connection": connection,
+                "event_id": body["eventId"],
+                "result": body["result"],
+                "key": body["key"],
+                "payload": Jsonb(body.get("payload")),
+            },
+        )
+        assert row is not None
+        if row["woken"]:
+            context.timer.runnable()
+        return _json(
+            {"eventId": body["eventId"], "duplicate": row["new"] == 0, "woke": row["woken"]}, 202
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        parts: dict[str, JSON] = {}
+        try:
+            with trio.fail_after(2):
+                await context.db.row("server_version")
+            parts["database"] = {"ok": True}
+        except (trio.TooSlowError, Unavailable) as exc:
+            parts["database"] = {"ok": False, "detail": str(exc) or "no answer within 2 s"}
+        parts["schema"] = {"ok": True, "detail": "checked at startup"}
+        parts["listener"] = {
+            "ok": context.listener.connected,
+            "reconnects": context.listener.reconnects,
+        }
+        parts["workflows"] = {
+            "ok": bool(context.workflows.pinned),
+            "pinned": len(context.workflows.pinned),
+        }
+        ok = all(part["ok"] for part in parts.values())
+        return _json({"ready": ok, "parts": parts}, 200 if ok else 503)
 
     @app.get("/v1/runs/<run_id>")
     async def get_run(run_id: str) -> Response:

@@ -17,20 +17,31 @@ from __future__ import annotations
 
 import email.utils
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import trio
 
 from . import __version__, store
-from .authoring import Call
+from .authoring import Call, WaitFor
 from .config import ConnectionConfig
 from .database import Database
 from .definition import Definition
 from .identity import Credentials, IdentityRefused, IdentityUnavailable, credentials
-from .steps import Advance, Reply, ReplyKind, Request, Retry, settle
+from .steps import (
+    Advance,
+    Fetch,
+    Reply,
+    ReplyKind,
+    Request,
+    Retry,
+    build_request,
+    fetched,
+    settle,
+)
 from .timers import Timer
 
 log = logging.getLogger(__name__)
@@ -161,12 +172,34 @@ class Calls:
         assert isinstance(step, Call)
         return self.products[step.connection]
 
+    def poll(self, definition: Definition, step_id: str) -> timedelta | None:
+        """How often a run waiting at ``step_id`` reads its result without a delivery."""
+        step = definition.step(step_id)
+        if not isinstance(step, WaitFor):
+            return None
+        return self.products[step.connection].config.result_poll
+
     def submit(self, definition: Definition, run: store.Claimed, request: Request) -> None:
         """Hand a claimed run at a call step to its connection's pool; returns at once."""
+        self._spawn(self._call(definition, run, request))
+
+    def fetch(self, definition: Definition, run: store.Claimed, fetch: Fetch) -> None:
+        """Hand a claimed waiting run to its connection's pool to read its result."""
+        self._spawn(self._fetch(definition, run, fetch))
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         assert self._nursery is not None
         self._in_flight += 1
         self._idle = trio.Event() if self._in_flight == 1 else self._idle
-        self._nursery.start_soon(self._call, definition, run, request)
+        self._nursery.start_soon(self._tracked, job)
+
+    async def _tracked(self, job: Coroutine[Any, Any, None]) -> None:
+        try:
+            await job
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
 
     async def drain(self, grace: timedelta) -> None:
         """Let calls in flight finish within ``grace``, then cancel the rest."""
@@ -202,9 +235,36 @@ class Calls:
             raise
         finally:
             product.queued -= 1
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+
+    async def _fetch(self, definition: Definition, run: store.Claimed, fetch: Fetch) -> None:
+        step = definition.step(run.step)
+        assert isinstance(step, WaitFor)
+        product = self.products[step.connection]
+        poll = product.config.result_poll
+        # Deliveries from a little before this claim may describe a state the read below
+        # does not see yet; the release checks for them and makes the run due again.
+        since = run.clock[0] - timedelta(seconds=1)
+        try:
+            async with product.limiter:
+                lookup = fetch.result.fetch
+                request = build_request(lookup, {fetch.result.fetch_input: fetch.key}, None)
+                reply = await product.send(request, product.url(request.target))
+            with trio.CancelScope(shield=True):
+                advance = fetched(definition, run.step, reply)
+                if advance is not None:
+                    await store.commit(
+                        self.db, definition, run, advance, self.lease, keep_lease=False
+                    )
+                    self.timer.runnable()
+                else:
+                    due = await store.release_wait(self.db, run, step, fetch.key, poll, since)
+                    self.timer.scheduled((due - run.now()).total_seconds())
+        except store.LeaseLost:
+            log.warning("run %s: lost its lease while reading its result", run.id)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await store.release_wait(self.db, run, step, fetch.key, poll, since)
+            raise
 
     async def _settle(self, definition: Definition, run: store.Claimed, reply: Reply) -> None:
         transition = settle(definition, run.step, reply, run.attempt, run.now())

@@ -80,6 +80,7 @@ class ConnectionConfig:
     connect_timeout: timedelta
     request_timeout: timedelta
     response_limit: int
+    result_poll: timedelta  # how often a waiting run reads its result if no webhook comes
     path: DataPath
 
 
@@ -339,7 +340,7 @@ def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
         item = reader.mapping(entry, at, what)
         if item is None:
             continue
-        optional = ["webhookSecret", "poolSize", "connectTimeout", "requestTimeout"]
+        optional = ["webhookSecret", "poolSize", "connectTimeout", "requestTimeout", "resultPoll"]
         reader.fields(
             item, at, what, ["product", "baseUrl", "identity"], [*optional, "responseLimit"]
         )
@@ -362,6 +363,9 @@ def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
         connect = _duration(reader, item, "connectTimeout", at, timedelta(seconds=5), least)
         request = _duration(reader, item, "requestTimeout", at, timedelta(seconds=30), least)
         limit = _integer(reader, item, "responseLimit", at, 1 << 20, 1024, 64 << 20)
+        poll = _duration(
+            reader, item, "resultPoll", at, timedelta(minutes=10), timedelta(seconds=1)
+        )
         if product and base_url and identity:
             found[name] = ConnectionConfig(
                 name,
@@ -373,6 +377,7 @@ def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
                 connect,
                 request,
                 limit,
+                poll,
                 at,
             )
     return found

@@ -12,23 +12,25 @@ are left mid-transaction by a cancellation are closed and replaced, never reused
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
-# isort: off
-# trio_asyncio must be imported before psycopg: it patches asyncio's running-loop
-# lookup, which psycopg binds when it is imported. Import psycopg only via here.
-import trio_asyncio
 import psycopg
-
-# isort: on
+import psycopg.waiting
 import trio
+import trio_asyncio
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+
+# trio_asyncio replaces asyncio's running-loop lookup so asyncio code finds the loop
+# it runs inside Trio; psycopg.waiting took its own reference to the original when it
+# was imported, possibly before trio_asyncio was. Point it at the patched one.
+psycopg.waiting.get_running_loop = asyncio.get_running_loop  # type: ignore[attr-defined]
 
 Row = dict[str, Any]
 P = ParamSpec("P")
@@ -186,6 +188,31 @@ class Database:
                 conn = await self._receive.receive()
                 if conn is not None:
                     await aio(conn.raw.close)()
+
+
+@asynccontextmanager
+async def notifications(dsn: str, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+    """A dedicated connection LISTENing on ``channel``, yielding notification payloads.
+
+    A lost connection surfaces as :class:`Unavailable`, from here or from iterating.
+    """
+    try:
+        raw = await aio(psycopg.AsyncConnection.connect)(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise Unavailable(_first_line(exc)) from None
+    try:
+        await aio(raw.execute)(f"LISTEN {channel}")
+        yield _payloads(raw)
+    except psycopg.OperationalError as exc:
+        raise Unavailable(_first_line(exc)) from None
+    finally:
+        with trio.CancelScope(shield=True):
+            await aio(raw.close)()
+
+
+async def _payloads(raw: psycopg.AsyncConnection[Any]) -> AsyncIterator[str]:
+    async for note in trio_asyncio.aio_as_trio(raw.notifies()):
+        yield note.payload
 
 
 def _first_line(exc: BaseException) -> str:

@@ -30,6 +30,7 @@ from .calls import Calls, Product, with_products
 from .config import Config
 from .database import Database
 from .embedded import EmbeddedPostgres
+from .listener import Listener
 from .migrations import check_server, migrate, require_current
 from .timers import Timer
 from .worker import Engine
@@ -86,7 +87,8 @@ async def _supervise(
     timer = Timer(db, config.engine.sweep_interval)
     calls = Calls(db, products, timer, config.engine.lease)
     engine = Engine(db, workflows, timer, calls, config.engine)
-    app = create_app(Context(db, workflows, timer, products), config.request_body_limit)
+    listener = Listener(db, timer)
+    app = create_app(Context(db, workflows, timer, products, listener), config.request_body_limit)
     http = HypercornConfig()
     http.bind = [f"{config.host}:{config.port}"]
     http.accesslog = None
@@ -95,6 +97,7 @@ async def _supervise(
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(timer.run)
+            await nursery.start(listener.run)
             await nursery.start(calls.run)
             await nursery.start(engine.keep_leases)
             await nursery.start(engine.run)

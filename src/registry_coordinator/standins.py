@@ -36,19 +36,13 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from .expressions import format_instant
+from .webhooks import SIGNATURE_HEADER, sign
 
 log = logging.getLogger(__name__)
 JSON = Any
 PRODUCTS = ("breg", "casework", "messaging", "scheduling")
 #: Not a catalog product: an OAuth 2 token endpoint the product stand-ins trust.
 IDP = "idp"
-SIGNATURE_HEADER = "Coordinator-Signature"
-
-
-def sign(secret: str, timestamp: int, body: bytes) -> str:
-    """The webhook signature: ``t=<unix seconds>,v1=<hex HMAC-SHA256 of "t." + body>``."""
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={digest.hexdigest()}"
 
 
 @dataclass

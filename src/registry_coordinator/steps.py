@@ -131,7 +131,16 @@ class Expire:
     """The run's deadline has passed: it ends ``expired`` wherever it was."""
 
 
-Transition = Advance | Finished | Failed | Held | Sleep | Await | Send | Retry | Expire
+@dataclass(frozen=True)
+class Fetch:
+    """A wait-for woken before its timeout (a delivery, or the poll): read the product's
+    authoritative result for ``key``, and go on only if it is final."""
+
+    result: Result
+    key: str
+
+
+Transition = Advance | Finished | Failed | Held | Sleep | Await | Send | Retry | Expire | Fetch
 
 
 def on_due(
@@ -154,14 +163,18 @@ def on_due(
         return interrupted(definition, step_id, now)
     if now >= run.deadline_at:
         return Expire()
-    if timer_at is not None and now < timer_at:
-        return None
+    timer_passed = timer_at is not None and now >= timer_at
     if waiting:
         step = definition.step(step_id)
         if isinstance(step, WaitUntil):
-            return woke(definition, step_id)
-        if isinstance(step, WaitFor) and timer_at is not None:
-            return timed_out(definition, step_id)
+            return woke(definition, step_id) if timer_passed else None
+        if isinstance(step, WaitFor):
+            if timer_passed:
+                return timed_out(definition, step_id)
+            awaiting = enter(definition, step_id, run, now)  # the key, as when it began
+            return Fetch(awaiting.result, awaiting.key) if isinstance(awaiting, Await) else awaiting
+        return None
+    if timer_at is not None and not timer_passed:
         return None
     return enter(definition, step_id, run, now)
 
@@ -382,6 +395,17 @@ def result_arrived(definition: Definition, step_id: str, body: JSON) -> Advance 
     if definition.schema_errors(result.fetch.response_schema, body) or not result.is_final(body):
         return None
     return Advance(step.next, "next", body, True)
+
+
+def fetched(definition: Definition, step_id: str, reply: Reply) -> Advance | None:
+    """The product's answer to a result fetch: go on if it is a valid, final result."""
+    if reply.kind is not ReplyKind.RESPONSE or reply.status is None or reply.status // 100 != 2:
+        return None
+    try:
+        body = json.loads(reply.body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return result_arrived(definition, step_id, body)
 
 
 def timed_out(definition: Definition, step_id: str) -> Advance:

@@ -237,17 +237,24 @@ async def commit(
     *,
     keep_lease: bool = True,
     settlement: Settlement | None = None,
+    poll: timedelta | None = None,
 ) -> Committed:
     """Apply one transition with its history event, atomically, as the run's holder.
 
     An Advance keeps the lease (the worker goes straight on) unless ``keep_lease`` is
     false, when the run is left due at once for any worker. A ``settlement`` records
     a call's outcome in the same transaction; if an operator asked to cancel while
-    the call was in flight, the run is cancelled instead of going on.
+    the call was in flight, the run is cancelled instead of going on. ``poll`` is how
+    often a run entering a wait-for reads its result if no delivery wakes it.
     """
     async with db.connection() as conn:
-        if settlement is None and not run.dispatched and run.state != "waiting":
-            params, wait = _columns(definition, run, transition, lease, keep_lease)
+        if (
+            settlement is None
+            and not run.dispatched
+            and run.state != "waiting"
+            and not isinstance(transition, Await)
+        ):
+            params, wait = _columns(definition, run, transition, lease, keep_lease, poll)
             if not await conn.row("transition", params):  # one statement: atomic by itself
                 raise LeaseLost(str(run.id))
         else:
@@ -260,7 +267,7 @@ async def commit(
                     effective = Cancelled(
                         "cancelled by an operator while a call was in flight", transition
                     )
-                params, wait = _columns(definition, run, effective, lease, keep_lease)
+                params, wait = _columns(definition, run, effective, lease, keep_lease, poll)
                 settled = settlement or Settlement("interrupted")
                 await conn.execute(
                     "settle_execution",
@@ -279,6 +286,7 @@ async def commit(
                     await conn.execute("drop_wait", {"id": run.id})
                 if wait is not None:
                     await conn.execute("register_wait", wait)
+                    await conn.execute("wake_if_delivered", wait)
     after = replace(
         run,
         seq=run.seq + 1,
@@ -299,6 +307,7 @@ def _columns(
     transition: Transition | Cancelled,
     lease: timedelta,
     keep_lease: bool,
+    poll: timedelta | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The run's new columns and history event for a transition; and a wait to register."""
     now = run.now()
@@ -395,7 +404,7 @@ def _columns(
         params.update(
             state="waiting",
             timer_at=timeout,
-            due_at=min(timeout, run.deadline_at) if timeout else run.deadline_at,
+            due_at=wait_due(now, timeout, run.deadline_at, poll),
             kind="waiting",
             event={
                 "result": wait_step.result,
@@ -423,6 +432,35 @@ def _columns(
     else:
         raise TypeError(f"{type(transition).__name__} is not committed by the store")
     return params, wait
+
+
+def wait_due(
+    now: datetime, timeout: datetime | None, deadline: datetime, poll: timedelta | None
+) -> datetime:
+    """When a waiting wait-for next falls due: its poll, its timeout or the deadline."""
+    candidates = [deadline, *([timeout] if timeout else []), *([now + poll] if poll else [])]
+    return min(candidates)
+
+
+async def release_wait(
+    db: Database, run: Claimed, step: WaitFor, key: str, poll: timedelta | None, since: datetime
+) -> datetime:
+    """Give back a waiting run whose result was not final; returns when it is due next
+    (at once if a delivery arrived since ``since``)."""
+    due = wait_due(run.now(), run.timer_at, run.deadline_at, poll)
+    row = await db.row(
+        "release_wait",
+        {
+            "id": run.id,
+            "token": run.token,
+            "connection": step.connection,
+            "result": step.result_name,
+            "key": key,
+            "since": since,
+            "due_at": due,
+        },
+    )
+    return row["due_at"] if row else due
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .calls import Calls
 from .config import EngineConfig
 from .database import Database, Unavailable
 from .faults import crash_point
-from .steps import Advance, Send, on_due
+from .steps import Advance, Fetch, Send, on_due
 from .timers import Timer
 from .workflows import Workflows
 
@@ -121,6 +121,9 @@ class Engine:
                 await store.release(self.db, run, due)
                 self._schedule(run, due)
                 return
+            if isinstance(transition, Fetch):
+                self.calls.fetch(definition, run, transition)
+                return
             if isinstance(transition, Send):
                 if self.calls.product(definition, run.step).saturated:
                     await store.release(self.db, run, now + SATURATED_BACKOFF)
@@ -131,7 +134,12 @@ class Engine:
             crash_point("before-commit")
             try:
                 committed = await store.commit(
-                    self.db, definition, run, transition, self.config.lease
+                    self.db,
+                    definition,
+                    run,
+                    transition,
+                    self.config.lease,
+                    poll=self.calls.poll(definition, run.step),
                 )
             except store.LeaseLost:
                 log.warning("run %s: lease lost to another worker; leaving it", run.id)

@@ -43,10 +43,12 @@ WITH admitted AS (
             %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now())
     ON CONFLICT (caller, start_key) DO NOTHING
     RETURNING id, step, admitted_at
+), evented AS (
+    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+    SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
+    RETURNING run_id
 )
-INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
-RETURNING run_id;
+SELECT run_id, pg_notify('coordinator_wake', 'admitted') FROM evented;
 
 -- name: run_by_start_key
 SELECT id, input_digest FROM runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
@@ -231,3 +233,54 @@ WITH moved AS (
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
 SELECT id, seq, now(), 'reconciled', %(step)s, %(actor)s, %(event)s FROM moved
 RETURNING seq;
+
+-- name: record_delivery
+-- Keep a webhook delivery (once per event id) and wake the runs waiting for it that
+-- no worker holds; a held one notices the delivery when its holder lets go.
+WITH kept AS (
+    INSERT INTO deliveries (connection, event_id, result, key, payload)
+    VALUES (%(connection)s, %(event_id)s, %(result)s, %(key)s, %(payload)s)
+    ON CONFLICT (connection, event_id) DO NOTHING
+    RETURNING connection, result, key
+), waiting AS (
+    SELECT w.run_id FROM waits w JOIN kept k
+    ON w.connection = k.connection AND w.result = k.result AND w.key = k.key
+), woken AS (
+    UPDATE runs
+    SET due_at = CASE WHEN lease_token IS NULL THEN now() ELSE due_at END, seq = seq + 1
+    WHERE id IN (SELECT run_id FROM waiting)
+    RETURNING id, seq, step
+), noted AS (
+    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+    SELECT id, seq, now(), 'result-delivered', step, 'webhook:' || %(connection)s,
+           jsonb_build_object('eventId', %(event_id)s::text, 'result', %(result)s::text,
+                              'key', %(key)s::text)
+    FROM woken
+)
+SELECT (SELECT count(*) FROM kept) AS new, (SELECT count(*) FROM woken) AS woken,
+       pg_notify('coordinator_wake', 'delivery');
+
+-- name: wake_if_delivered
+-- A run that has just begun to wait: if its result was delivered already (even
+-- before the wait existed), it is due at once to read it.
+UPDATE runs SET due_at = now()
+WHERE id = %(id)s AND EXISTS (
+    SELECT 1 FROM deliveries
+    WHERE connection = %(connection)s AND result = %(result)s AND key = %(key)s
+);
+
+-- name: release_wait
+-- Give a waiting run back after reading a result that was not final: due again at
+-- its next poll, timeout or deadline — or at once if a delivery arrived meanwhile.
+UPDATE runs
+SET lease_owner = NULL, lease_token = NULL,
+    due_at = CASE WHEN EXISTS (
+        SELECT 1 FROM deliveries
+        WHERE connection = %(connection)s AND result = %(result)s AND key = %(key)s
+          AND received_at >= %(since)s
+    ) THEN now() ELSE %(due_at)s END
+WHERE id = %(id)s AND lease_token = %(token)s
+RETURNING due_at;
+
+-- name: notify_wake
+SELECT pg_notify('coordinator_wake', %(why)s);
