@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from registry_coordinator.database import QUERIES, sync_connection
 
-from .harness import migrate, old_postgres, running, wait_for, write_config
+from .harness import Service, migrate, old_postgres, running, wait_for, write_config
 
 
 def instant(text: str) -> datetime:
@@ -290,3 +291,16 @@ def test_claiming_and_timing_stay_index_scans_with_many_runs(dsn: str, tmp_path:
             )
             assert "runs_due" in plan, plan
             assert "Seq Scan on runs" not in plan, plan
+
+
+def test_an_idle_service_stops_promptly_on_sigterm(dsn: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, dsn, ["timed-choice"], workers=4)
+    migrate(config)
+    took = []
+    for _ in range(4):
+        service = Service(config, tmp_path / "service.log").wait_listening()
+        time.sleep(0.2)  # every worker parked, idle
+        started = time.monotonic()
+        assert service.stop() == 0
+        took.append(time.monotonic() - started)
+    assert max(took) < 1.5, took

@@ -143,7 +143,12 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
         detail = {413: f"the body is larger than {body_limit} bytes"}.get(
             status, error.description or "the request was refused"
         )
-        return problem(status, code, detail)
+        response = problem(status, code, detail)
+        if status == 413:
+            # The rest of the body is left unread: the connection cannot carry another
+            # request, so tell the client to open a new one.
+            response.headers["Connection"] = "close"
+        return response
 
     @app.post("/v1/runs")
     async def start_run() -> Response:

@@ -238,6 +238,7 @@ async def commit(
     keep_lease: bool = True,
     settlement: Settlement | None = None,
     poll: timedelta | None = None,
+    now: datetime | None = None,
 ) -> Committed:
     """Apply one transition with its history event, atomically, as the run's holder.
 
@@ -245,8 +246,10 @@ async def commit(
     false, when the run is left due at once for any worker. A ``settlement`` records
     a call's outcome in the same transaction; if an operator asked to cancel while
     the call was in flight, the run is cancelled instead of going on. ``poll`` is how
-    often a run entering a wait-for reads its result if no delivery wakes it.
+    often a run entering a wait-for reads its result if no delivery wakes it. ``now``
+    is the instant the transition was decided at, which its history event records.
     """
+    now = now or run.now()
     async with db.connection() as conn:
         if (
             settlement is None
@@ -254,7 +257,7 @@ async def commit(
             and run.state != "waiting"
             and not isinstance(transition, Await)
         ):
-            params, wait = _columns(definition, run, transition, lease, keep_lease, poll)
+            params, wait = _columns(definition, run, transition, lease, keep_lease, poll, now)
             if not await conn.row("transition", params):  # one statement: atomic by itself
                 raise LeaseLost(str(run.id))
         else:
@@ -267,7 +270,7 @@ async def commit(
                     effective = Cancelled(
                         "cancelled by an operator while a call was in flight", transition
                     )
-                params, wait = _columns(definition, run, effective, lease, keep_lease, poll)
+                params, wait = _columns(definition, run, effective, lease, keep_lease, poll, now)
                 settled = settlement or Settlement("interrupted")
                 await conn.execute(
                     "settle_execution",
@@ -307,10 +310,10 @@ def _columns(
     transition: Transition | Cancelled,
     lease: timedelta,
     keep_lease: bool,
-    poll: timedelta | None = None,
+    poll: timedelta | None,
+    now: datetime,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The run's new columns and history event for a transition; and a wait to register."""
-    now = run.now()
     step = run.step
     params: dict[str, Any] = {
         "id": run.id,

@@ -24,6 +24,7 @@ class Timer:
         self._idle = trio.lowlevel.ParkingLot()
         self._changed = trio.Event()
         self._target = math.inf  # trio time of the earliest due run we know of
+        self._closed = False
 
     def scheduled(self, seconds: float) -> None:
         """A run falls due ``seconds`` from now; wake early if that is sooner than planned."""
@@ -37,11 +38,18 @@ class Timer:
         self._idle.unpark()
 
     async def idle(self) -> None:
-        """A worker found nothing to claim: park it until work falls due."""
+        """A worker found nothing to claim: park it until work falls due (or shutdown)."""
+        if self._closed:
+            return
         self._changed.set()
         await self._idle.park()
 
     def wake_all(self) -> None:
+        self._idle.unpark_all()
+
+    def close(self) -> None:
+        """Shutdown: wake every parked worker, and park none from now on."""
+        self._closed = True
         self._idle.unpark_all()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

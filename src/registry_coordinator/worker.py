@@ -53,7 +53,7 @@ class Engine:
     def stop(self) -> None:
         """Stop claiming; workers finish the step they are on, then return."""
         self.stopping = True
-        self.timer.wake_all()
+        self.timer.close()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -140,6 +140,7 @@ class Engine:
                     transition,
                     self.config.lease,
                     poll=self.calls.poll(definition, run.step),
+                    now=now,
                 )
             except store.LeaseLost:
                 log.warning("run %s: lease lost to another worker; leaving it", run.id)
