@@ -381,3 +381,47 @@ def events(dsn: str, run_id: str) -> list[dict[str, Any]]:
                 (run_id,),
             ).fetchall()
         )
+
+
+def wait_state(dsn: str, run: str, state: str, timeout: float = 30) -> None:
+    wait_for(dsn, "SELECT state FROM runs WHERE id = %s", state, timeout, params=(run,))
+
+
+@contextmanager
+def deployment(
+    tmp_path: Path,
+    dsn: str,
+    workflows: list[str],
+    connections: dict[str, tuple[str, dict[str, Any]]],
+    *,
+    webhooks: bool = False,
+    stand_in_env: dict[str, str] | None = None,
+    also: dict[str, int] | None = None,
+    **options: Any,
+) -> Iterator[tuple[Service, StandIns]]:
+    """Stand-in products and a migrated service bound to them, both running.
+
+    ``connections`` maps each connection name to its product kind and settings; one
+    stand-in serves each kind, and ``also`` names more stand-ins (the IdP) by port.
+    With ``webhooks`` the stand-ins deliver signed results to the service, each
+    product to the first connection bound to it.
+    """
+    port = free_port()
+    ports: dict[str, int] = dict(also or {})
+    bound: dict[str, dict[str, Any]] = {}
+    hooks: dict[str, str] = {}
+    for name, (kind, settings) in connections.items():
+        ports.setdefault(kind, free_port())
+        bound[name] = connection(kind, ports[kind], **settings)
+        if webhooks:
+            bound[name].setdefault("webhookSecret", "env:STANDIN_WEBHOOK_SECRET")
+            hooks.setdefault(kind, f"http://127.0.0.1:{port}/v1/results/{name}")
+    config = write_config(tmp_path, dsn, workflows, port=port, connections=bound, **options)
+    migrate(config)
+    with (
+        stand_ins(
+            tmp_path / "standins.log", ports, webhooks=hooks, env=stand_in_env, delivery_delay=0.3
+        ) as products,
+        running(config, tmp_path / "service.log") as service,
+    ):
+        yield service, products

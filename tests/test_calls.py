@@ -15,19 +15,16 @@ from registry_coordinator.database import sync_connection
 from .harness import (
     Service,
     connection,
+    deployment,
     events,
     free_port,
     migrate,
     run_state,
     running,
     stand_ins,
-    wait_for,
+    wait_state,
     write_config,
 )
-
-
-def wait_state(dsn: str, run: str, state: str, timeout: float = 30) -> None:
-    wait_for(dsn, "SELECT state FROM runs WHERE id = %s", state, timeout, params=(run,))
 
 
 def kinds(dsn: str, run: str) -> list[str]:
@@ -56,14 +53,9 @@ def test_a_product_down_for_5_s_then_back(dsn: str, tmp_path: Path) -> None:
 
 
 def test_a_lost_response_holds_the_run_and_reconcile_completes_it(dsn: str, tmp_path: Path) -> None:
-    port = free_port()
-    notices = connection("messaging", port, requestTimeout="PT1S")
-    config = write_config(tmp_path, dsn, ["notify"], connections={"notices": notices})
-    migrate(config)
-    with (
-        stand_ins(tmp_path / "standins.log", {"messaging": port}) as products,
-        running(config, tmp_path / "service.log") as service,
-    ):
+    with deployment(
+        tmp_path, dsn, ["notify"], {"notices": ("messaging", {"requestTimeout": "PT1S"})}
+    ) as (service, products):
         products.faults(
             "messaging",
             {"match": "POST /v1/messages", "mode": "hang-after-apply", "seconds": 30, "times": 1},
@@ -96,13 +88,9 @@ def test_a_lost_response_holds_the_run_and_reconcile_completes_it(dsn: str, tmp_
 
 
 def test_retry_same_resends_identical_bytes_and_key(dsn: str, tmp_path: Path) -> None:
-    port = free_port()
-    registry = connection("breg", port, requestTimeout="PT1S")
-    config = write_config(tmp_path, dsn, ["act"], connections={"registry": registry})
-    migrate(config)
-    with (
-        stand_ins(tmp_path / "standins.log", {"breg": port}) as products,
-        running(config, tmp_path / "service.log") as service,
+    with deployment(tmp_path, dsn, ["act"], {"registry": ("breg", {"requestTimeout": "PT1S"})}) as (
+        service,
+        products,
     ):
         products.faults(
             "breg",
@@ -169,14 +157,9 @@ def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(
 
 
 def test_401_holds_422_fails_and_503_waits_its_retry_after(dsn: str, tmp_path: Path) -> None:
-    port = free_port()
-    config = write_config(
-        tmp_path, dsn, ["notify"], connections={"notices": connection("messaging", port)}
-    )
-    migrate(config)
-    with (
-        stand_ins(tmp_path / "standins.log", {"messaging": port}) as products,
-        running(config, tmp_path / "service.log") as service,
+    with deployment(tmp_path, dsn, ["notify"], {"notices": ("messaging", {})}) as (
+        service,
+        products,
     ):
         products.faults("messaging", {"match": "POST", "mode": "status", "status": 401, "times": 1})
         forbidden = service.start_run("notify", {"email": "a@example.org"})
@@ -200,21 +183,10 @@ def test_401_holds_422_fails_and_503_waits_its_retry_after(dsn: str, tmp_path: P
 
 
 def test_a_pool_of_4_never_has_more_than_4_open_while_others_flow(dsn: str, tmp_path: Path) -> None:
-    slow, fast = free_port(), free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["lookup", "notify"],
-        workers=4,
-        connections={
-            "records": connection("breg", slow, poolSize=4),
-            "notices": connection("messaging", fast, poolSize=4),
-        },
-    )
-    migrate(config)
-    with (
-        stand_ins(tmp_path / "standins.log", {"breg": slow, "messaging": fast}) as products,
-        running(config, tmp_path / "service.log") as service,
+    connections = {"records": ("breg", {"poolSize": 4}), "notices": ("messaging", {"poolSize": 4})}
+    with deployment(tmp_path, dsn, ["lookup", "notify"], connections, workers=4) as (
+        service,
+        products,
     ):
         products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 0.5})
         started = datetime.now().astimezone()

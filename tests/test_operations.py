@@ -13,20 +13,16 @@ from registry_coordinator.database import sync_connection
 
 from .harness import (
     STANDIN_TOKEN,
-    connection,
+    deployment,
     events,
     free_port,
     migrate,
     run_state,
     running,
-    stand_ins,
     wait_for,
+    wait_state,
     write_config,
 )
-
-
-def wait_state(dsn: str, run: str, state: str, timeout: float = 30) -> None:
-    wait_for(dsn, "SELECT state FROM runs WHERE id = %s", state, timeout, params=(run,))
 
 
 def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:
@@ -43,18 +39,17 @@ def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:
 def test_client_secret_tokens_are_fetched_once_and_reused(
     dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port, idp = free_port(), free_port()
-    notices = connection(
-        "messaging", port, identity=oauth2(idp, clientSecret="env:STANDIN_CLIENT_SECRET")
-    )
-    config = write_config(tmp_path, dsn, ["notify"], connections={"notices": notices})
-    env = {"STANDIN_CLIENT_SECRET": "s3cret-for-tests"}
+    idp = free_port()
     monkeypatch.setenv("STANDIN_CLIENT_SECRET", "s3cret-for-tests")  # the service's copy
-    migrate(config)
-    with (
-        stand_ins(tmp_path / "standins.log", {"messaging": port, "idp": idp}, env=env) as products,
-        running(config, tmp_path / "service.log") as service,
-    ):
+    identity = oauth2(idp, clientSecret="env:STANDIN_CLIENT_SECRET")
+    with deployment(
+        tmp_path,
+        dsn,
+        ["notify"],
+        {"notices": ("messaging", {"identity": identity})},
+        also={"idp": idp},
+        stand_in_env={"STANDIN_CLIENT_SECRET": "s3cret-for-tests"},
+    ) as (service, products):
         runs = [service.start_run("notify", {"email": f"{n}@example.org"}) for n in range(5)]
         for run in runs:
             wait_state(dsn, run, "finished")
@@ -88,36 +83,31 @@ def test_private_key_jwt_client_authentication(dsn: str, tmp_path: Path) -> None
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
-    port, idp = free_port(), free_port()
-    notices = connection(
-        "messaging",
-        port,
-        identity=oauth2(idp, privateKey=f"file:{private}", keyId="k1", algorithm="RS256"),
-    )
-    config = write_config(tmp_path, dsn, ["notify"], connections={"notices": notices})
-    migrate(config)
-    with (
-        stand_ins(
-            tmp_path / "standins.log",
-            {"messaging": port, "idp": idp},
-            env={"STANDIN_CLIENT_PUBLIC_KEY": str(public)},
-        ) as products,
-        running(config, tmp_path / "service.log") as service,
-    ):
+    idp = free_port()
+    identity = oauth2(idp, privateKey=f"file:{private}", keyId="k1", algorithm="RS256")
+    with deployment(
+        tmp_path,
+        dsn,
+        ["notify"],
+        {"notices": ("messaging", {"identity": identity})},
+        also={"idp": idp},
+        stand_in_env={"STANDIN_CLIENT_PUBLIC_KEY": str(public)},
+    ) as (service, products):
         run = service.start_run("notify", {"email": "a@example.org"})
         wait_state(dsn, run, "finished")
         assert products.ledger("idp")["applied"] == {"tokens": 1}
 
 
 def test_a_refused_client_secret_holds_the_run(dsn: str, tmp_path: Path) -> None:
-    port, idp = free_port(), free_port()
-    notices = connection("messaging", port, identity=oauth2(idp, clientSecret="env:STANDIN_TOKEN"))
-    config = write_config(tmp_path, dsn, ["notify"], connections={"notices": notices})
-    migrate(config)
-    with (
-        stand_ins(tmp_path / "standins.log", {"messaging": port, "idp": idp}) as products,
-        running(config, tmp_path / "service.log") as service,
-    ):
+    idp = free_port()
+    identity = oauth2(idp, clientSecret="env:STANDIN_TOKEN")  # not the IdP's secret
+    with deployment(
+        tmp_path,
+        dsn,
+        ["notify"],
+        {"notices": ("messaging", {"identity": identity})},
+        also={"idp": idp},
+    ) as (service, products):
         run = service.start_run("notify", {"email": "a@example.org"})
         wait_state(dsn, run, "held")
         assert products.requests("messaging", "POST", "/v1/messages") == []
@@ -130,17 +120,9 @@ def test_a_refused_client_secret_holds_the_run(dsn: str, tmp_path: Path) -> None
 def test_cancel_with_a_call_in_flight_takes_effect_when_it_settles(
     dsn: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["notify", "timed-choice"],
-        connections={"notices": connection("messaging", port)},
-    )
-    migrate(config)
-    with (
-        stand_ins(tmp_path / "standins.log", {"messaging": port}) as products,
-        running(config, tmp_path / "service.log") as service,
+    with deployment(tmp_path, dsn, ["notify", "timed-choice"], {"notices": ("messaging", {})}) as (
+        service,
+        products,
     ):
         products.faults("messaging", {"match": "POST", "mode": "delay", "seconds": 2})
         run = service.start_run("notify", {"email": "a@example.org"})

@@ -24,26 +24,19 @@ from .harness import (
     WEBHOOK_SECRET,
     Service,
     StandIns,
-    connection,
+    deployment,
     events,
-    free_port,
-    migrate,
     run_state,
-    running,
-    stand_ins,
     wait_for,
-    write_config,
+    wait_state,
 )
 
 AUTH = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
 
 
-def wait_state(dsn: str, run: str, state: str, timeout: float = 30) -> None:
-    wait_for(dsn, "SELECT state FROM runs WHERE id = %s", state, timeout, params=(run,))
-
-
-def reviews(port: int, **settings: Any) -> dict[str, Any]:
-    return connection("casework", port, webhookSecret="env:STANDIN_WEBHOOK_SECRET", **settings)
+def reviews(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The one connection these tests use: Casework, accepting webhooks the tests sign."""
+    return {"reviews": ("casework", {"webhookSecret": "env:STANDIN_WEBHOOK_SECRET", **settings})}
 
 
 def new_review(products: StandIns) -> str:
@@ -88,34 +81,14 @@ def at(event: dict[str, Any]) -> datetime:
 def test_a_signed_webhook_wakes_the_run_through_the_whole_tutorial(
     dsn: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    breg, casework, messaging = free_port(), free_port(), free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["review-application"],
-        port=port,
-        connections={
-            "applications": connection("breg", breg),
-            "reviews": reviews(casework),
-            "notices": connection(
-                "messaging", messaging, webhookSecret="env:STANDIN_WEBHOOK_SECRET"
-            ),
-        },
-    )
-    migrate(config)
-    hooks = {
-        "casework": f"http://127.0.0.1:{port}/v1/results/reviews",
-        "messaging": f"http://127.0.0.1:{port}/v1/results/notices",
+    connections: dict[str, tuple[str, dict[str, Any]]] = {
+        "applications": ("breg", {}),
+        "reviews": ("casework", {}),
+        "notices": ("messaging", {}),
     }
-    with (
-        running(config, tmp_path / "service.log") as service,
-        stand_ins(
-            tmp_path / "standins.log",
-            {"breg": breg, "casework": casework, "messaging": messaging},
-            webhooks=hooks,
-            delivery_delay=0.3,
-        ) as products,
+    with deployment(tmp_path, dsn, ["review-application"], connections, webhooks=True) as (
+        service,
+        products,
     ):
         run = service.start_run("review-application", {"applicationId": "app-1001"})
         wait_for(dsn, "SELECT step FROM runs WHERE id = %s", "await_decision", params=(run,))
@@ -159,15 +132,7 @@ def test_a_signed_webhook_wakes_the_run_through_the_whole_tutorial(
 def test_duplicate_reordered_early_and_late_deliveries_resume_each_run_once(
     dsn: str, tmp_path: Path
 ) -> None:
-    casework = free_port()
-    config = write_config(
-        tmp_path, dsn, ["await-review"], connections={"reviews": reviews(casework)}
-    )
-    migrate(config)
-    with (
-        running(config, tmp_path / "service.log") as service,
-        stand_ins(tmp_path / "standins.log", {"casework": casework}) as products,
-    ):
+    with deployment(tmp_path, dsn, ["await-review"], reviews()) as (service, products):
         # Five identical deliveries for one waiting run.
         first = new_review(products)
         run_a = service.start_run("await-review", {"requestId": first})
@@ -213,20 +178,10 @@ def test_duplicate_reordered_early_and_late_deliveries_resume_each_run_once(
 def test_forged_stale_foreign_and_oversized_deliveries_change_nothing(
     dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    casework, other = free_port(), free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["await-review"],
-        connections={
-            "reviews": reviews(casework),
-            "archive": connection("casework", other, webhookSecret="env:OTHER_SECRET"),
-        },
-    )
     monkeypatch.setenv("OTHER_SECRET", "another-connections-secret")
-    migrate(config)
+    connections = {**reviews(), "archive": ("casework", {"webhookSecret": "env:OTHER_SECRET"})}
     body = {"result": "review-decision", "key": "rev-1", "eventId": "evt-1"}
-    with running(config, tmp_path / "service.log") as service:
+    with deployment(tmp_path, dsn, ["await-review"], connections) as (service, _):
         cases = [
             (deliver(service, body, secret="forged"), 401, "webhook.signature-invalid"),
             (deliver(service, body, at=time.time() - 400), 401, "webhook.signature-stale"),
@@ -284,19 +239,9 @@ def test_forged_stale_foreign_and_oversized_deliveries_change_nothing(
 def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
     dsn: str, tmp_path: Path
 ) -> None:
-    casework = free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["await-review"],
-        sweep="PT60S",
-        connections={"reviews": reviews(casework, resultPoll="PT10M")},
-    )
-    migrate(config)
-    with (
-        running(config, tmp_path / "service.log") as service,
-        stand_ins(tmp_path / "standins.log", {"casework": casework}) as products,
-    ):
+    with deployment(
+        tmp_path, dsn, ["await-review"], reviews(resultPoll="PT10M"), sweep="PT60S"
+    ) as (service, products):
         keys = [new_review(products) for _ in range(5)]
         runs = [service.start_run("await-review", {"requestId": key}) for key in keys]
         for run in runs:
@@ -334,15 +279,7 @@ def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
 def test_a_two_second_timeout_takes_on_timeout_and_a_late_result_changes_nothing(
     dsn: str, tmp_path: Path
 ) -> None:
-    casework = free_port()
-    config = write_config(
-        tmp_path, dsn, ["await-review-briefly"], connections={"reviews": reviews(casework)}
-    )
-    migrate(config)
-    with (
-        running(config, tmp_path / "service.log") as service,
-        stand_ins(tmp_path / "standins.log", {"casework": casework}) as products,
-    ):
+    with deployment(tmp_path, dsn, ["await-review-briefly"], reviews()) as (service, products):
         key = new_review(products)
         run = service.start_run("await-review-briefly", {"requestId": key})
         wait_state(dsn, run, "finished")
@@ -360,17 +297,9 @@ def test_a_two_second_timeout_takes_on_timeout_and_a_late_result_changes_nothing
 
 
 def test_when_the_webhook_is_lost_the_poll_completes_the_run(dsn: str, tmp_path: Path) -> None:
-    casework = free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["await-review"],
-        connections={"reviews": reviews(casework, resultPoll="PT1S")},
-    )
-    migrate(config)
-    with (
-        running(config, tmp_path / "service.log") as service,
-        stand_ins(tmp_path / "standins.log", {"casework": casework}) as products,
+    with deployment(tmp_path, dsn, ["await-review"], reviews(resultPoll="PT1S")) as (
+        service,
+        products,
     ):
         key = new_review(products)
         run = service.start_run("await-review", {"requestId": key})
