@@ -138,6 +138,7 @@ def write_config(
             "shutdownGrace": grace,
         },
         "connections": connections or {},
+        "auth": {"mode": "none"},
         **(extra or {}),
     }
     path = directory / f"config-{uuid.uuid4().hex[:6]}.yaml"

@@ -83,7 +83,7 @@ def test_a_lost_response_holds_the_run_and_reconcile_completes_it(dsn: str, tmp_
         output = service.status(run)["output"]
     assert output == {"messageId": "msg-1"}
     reconciled = next(e for e in events(dsn, run) if e["kind"] == "reconciled")
-    assert reconciled["actor"] == "anonymous"
+    assert reconciled["actor"] == "local-developer"
     assert reconciled["detail"]["reason"] == "ticket OPS-12: the product was slow"
 
 

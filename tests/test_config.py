@@ -42,6 +42,7 @@ def test_every_problem_is_reported_at_once_with_its_line(tmp_path: Path) -> None
         "  lease: PT1S\n"
         "  sweepInterval: soon\n"
         "colour: blue\n"
+        "auth: {mode: none}\n"
     )
     assert sorted(refused(path), key=lambda p: p[1] or 0) == [
         ("config.secret-literal", 2),
@@ -61,22 +62,24 @@ def test_secrets_come_from_the_environment_or_a_file(
     secret = tmp_path / "dsn"
     secret.write_text("postgresql://app:pw@db/coordinator\n")
     path = tmp_path / "config.yaml"
-    path.write_text(f"database: {{dsn: 'file:{secret}'}}\nworkflows: []\n")
+    path.write_text(f"database: {{dsn: 'file:{secret}'}}\nworkflows: []\nauth: {{mode: none}}\n")
     assert load_config(path).database.dsn == "postgresql://app:pw@db/coordinator"
-    path.write_text("database: {dsn: 'env:NOT_SET_ANYWHERE'}\nworkflows: []\n")
+    path.write_text("database: {dsn: 'env:NOT_SET_ANYWHERE'}\nworkflows: []\nauth: {mode: none}\n")
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     assert refused(path) == [("config.secret-unavailable", 1)]
-    path.write_text("database: {dsn: 'file:/no/such/file'}\nworkflows: []\n")
+    path.write_text("database: {dsn: 'file:/no/such/file'}\nworkflows: []\nauth: {mode: none}\n")
     assert refused(path) == [("config.secret-unavailable", 1)]
 
 
 def test_database_needs_exactly_one_of_dsn_and_embedded(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
-    path.write_text("database: {}\nworkflows: []\n")
+    path.write_text("database: {}\nworkflows: []\nauth: {mode: none}\n")
     assert refused(path) == [("config.invalid-value", 1)]
-    path.write_text("database: {dsn: 'env:X', embedded: {dataDirectory: d}}\nworkflows: []\n")
+    path.write_text(
+        "database: {dsn: 'env:X', embedded: {dataDirectory: d}}\nworkflows: []\nauth: {mode: none}\n"
+    )
     assert refused(path) == [("config.invalid-value", 1)]
-    path.write_text("database: {embedded: {dataDirectory: d}}\nworkflows: []\n")
+    path.write_text("database: {embedded: {dataDirectory: d}}\nworkflows: []\nauth: {mode: none}\n")
     assert load_config(path).database.embedded == tmp_path / "d"
 
 

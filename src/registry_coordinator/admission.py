@@ -7,21 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import store
+from .auth import Caller
 from .database import Database
 from .expressions import holds_nul
+from .problems import Problem
 from .timers import Timer
 from .workflows import Workflows
 
 JSON = Any
 START_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
-
-
-class Refusal(Exception):
-    """A start that changes nothing, with its HTTP status, stable code and explanation."""
-
-    def __init__(self, status: int, code: str, detail: str, **extra: JSON) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail, self.extra = status, code, detail, extra
 
 
 @dataclass(frozen=True)
@@ -34,29 +28,29 @@ async def start(
     db: Database,
     workflows: Workflows,
     timer: Timer,
-    caller: str,
+    caller: Caller,
     start_key: str | None,
     body: JSON,
 ) -> Started:
     if start_key is None:
-        raise Refusal(
+        raise Problem(
             400,
             "request.idempotency-key-missing",
             "send an Idempotency-Key header: a value you choose, reused on retries",
         )
     if not START_KEY.match(start_key):
-        raise Refusal(
+        raise Problem(
             400,
             "request.idempotency-key-invalid",
             "the Idempotency-Key must be 1 to 200 visible ASCII characters",
         )
     if not isinstance(body, dict):
-        raise Refusal(
+        raise Problem(
             400, "request.invalid", "the body must be a JSON object {workflow, version?, input}"
         )
     unknown = sorted(set(body) - {"workflow", "version", "input"})
     if unknown:
-        raise Refusal(
+        raise Problem(
             400,
             "request.invalid",
             f"unknown fields: {', '.join(unknown)}; "
@@ -64,13 +58,14 @@ async def start(
         )
     workflow, version = body.get("workflow"), body.get("version")
     if not isinstance(workflow, str) or (version is not None and not isinstance(version, str)):
-        raise Refusal(400, "request.invalid", "workflow (and version, if given) must be strings")
+        raise Problem(400, "request.invalid", "workflow (and version, if given) must be strings")
     if "input" not in body:
-        raise Refusal(400, "request.invalid", "the start needs an input (use {} for none)")
+        raise Problem(400, "request.invalid", "the start needs an input (use {} for none)")
+    caller.require("start", workflow)
     pinned = workflows.for_start(workflow, version)
     if pinned is None:
         named = f"{workflow} version {version}" if version else workflow
-        raise Refusal(
+        raise Problem(
             404,
             "workflow.not-pinned",
             f"no pinned workflow {named}",
@@ -82,7 +77,7 @@ async def start(
     if holds_nul(body["input"]):
         problems.append("the input holds a NUL character (\\u0000), which cannot be stored")
     if problems:
-        raise Refusal(
+        raise Problem(
             422,
             "input.invalid",
             "the input does not fit the workflow's input schema",
@@ -90,10 +85,10 @@ async def start(
         )
     try:
         admitted = await store.admit(
-            db, pinned.definition, pinned.digest, caller, start_key, body["input"]
+            db, pinned.definition, pinned.digest, caller.client, start_key, body["input"]
         )
     except store.KeyReused as reused:
-        raise Refusal(
+        raise Problem(
             409,
             "run.key-reused",
             "this Idempotency-Key already started a run with a different input",

@@ -2,37 +2,57 @@
 
 Every error a caller can cause is answered with ``application/problem+json``
 carrying a stable ``code`` and a ``detail`` that says what to change; nothing a
-caller sends produces a 5xx or a stack trace.
+caller sends produces a 5xx or a stack trace. The routes are those of
+``openapi.yaml``, which ``/openapi.json`` serves and the API fuzzer checks.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from importlib import resources
 from typing import Any
 
 import trio
+import yaml
 from psycopg.types.json import Jsonb
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import admission, operations, store
+from .auth import Authenticator, Caller
 from .calls import Product
 from .catalog import builtin_catalog
 from .database import Database, Row, Unavailable
-from .expressions import format_instant, holds_nul
+from .expressions import format_instant, holds_nul, parse_instant
 from .listener import Listener
+from .metrics import CONTENT_TYPE, Metrics
+from .problems import Problem
+from .store import TERMINAL
 from .timers import Timer
-from .webhooks import SIGNATURE_HEADER, SignatureRefused, verify
+from .webhooks import SIGNATURE_HEADER, verify
 from .workflows import Workflows
 
 JSON = Any
 PROBLEM_TYPE = "https://registrystack.org/problems/coordinator/"
-ANONYMOUS = "anonymous"
+STATES = ("running", "waiting", "held", *TERMINAL)
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Request body too large",
+    422: "Unprocessable input",
+    502: "Product unavailable",
+    503: "Service unavailable",
+}
 
 
 @dataclass
@@ -44,6 +64,8 @@ class Context:
     timer: Timer
     products: dict[str, Product]
     listener: Listener
+    auth: Authenticator
+    metrics: Metrics
 
 
 def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
@@ -55,21 +77,10 @@ def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
         "detail": detail,
         **extra,
     }
-    return Response(json.dumps(body), status=status, content_type="application/problem+json")
-
-
-_TITLES = {
-    400: "Bad request",
-    401: "Unauthorized",
-    404: "Not found",
-    405: "Method not allowed",
-    409: "Conflict",
-    413: "Request body too large",
-    415: "Unsupported media type",
-    422: "Unprocessable input",
-    502: "Product unavailable",
-    503: "Service unavailable",
-}
+    response = Response(json.dumps(body), status=status, content_type="application/problem+json")
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="registry-coordinator"'
+    return response
 
 
 def _json(body: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -87,6 +98,7 @@ def run_status(row: Row) -> JSON:
     return {
         "id": str(row["id"]),
         "workflow": {"id": row["workflow_id"], "version": row["version"], "digest": row["digest"]},
+        "caller": row["caller"],
         "state": row["state"],
         "step": row["step"],
         "outcome": row["outcome"],
@@ -102,35 +114,47 @@ def run_status(row: Row) -> JSON:
     }
 
 
-def _delivery_problem(body: JSON, results: list[str]) -> str | None:
-    """What is wrong with a delivery's body, if anything."""
-    if not isinstance(body, dict):
-        return "the delivery must be a JSON object {result, key, eventId, payload?}"
-    unknown = sorted(set(body) - {"result", "key", "eventId", "payload"})
-    if unknown:
-        return f"unknown fields: {', '.join(unknown)}"
-    for name, limit in (("result", 64), ("key", 500), ("eventId", 200)):
-        value = body.get(name)
-        if not isinstance(value, str) or not 1 <= len(value) <= limit:
-            return f"{name} must be a string of 1 to {limit} characters"
-    if body["result"] not in results:
-        return f"unknown result {body['result']!r}; this product delivers: {', '.join(results)}"
-    return None
+def openapi_document() -> JSON:
+    text = resources.files(__package__).joinpath("openapi.yaml").read_text("utf-8")
+    return yaml.safe_load(text)
 
 
-def _uuid(run_id: str) -> uuid.UUID:
+def _run_id(text: str) -> uuid.UUID:
     try:
-        return uuid.UUID(run_id)
+        return uuid.UUID(text)
     except ValueError:
-        raise operations.ActionRefused(
-            404, "run.not-found", f"no run {run_id} that you may see"
+        raise Problem(404, "run.not-found", f"no run {text} that you may see") from None
+
+
+def _cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
+    """A page cursor: the (admitted_at, id) of the last run on the previous page."""
+    if text is None:
+        return parse_instant("9999-12-31T00:00:00Z"), uuid.UUID(int=(1 << 128) - 1)
+    try:
+        at, run_id = json.loads(base64.urlsafe_b64decode(text.encode() + b"=="))
+        return parse_instant(at), uuid.UUID(run_id)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise Problem(
+            400,
+            "request.invalid-cursor",
+            "the cursor is not one this API returned; start again without it",
         ) from None
+
+
+def _next_cursor(row: Row) -> str:
+    raw = json.dumps([format_instant(row["admitted_at"]), str(row["id"])]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def create_app(context: Context, body_limit: int) -> QuartTrio:
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    spec = openapi_document()
+
+    @app.errorhandler(Problem)
+    async def refused(error: Problem) -> Response:
+        return problem(error.status, error.code, error.detail, **error.extra)
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
@@ -150,185 +174,96 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             response.headers["Connection"] = "close"
         return response
 
+    async def caller() -> Caller:
+        return await context.auth.authenticate(request.headers.get("Authorization"))
+
+    async def body_json() -> JSON:
+        raw = await request.get_data(as_text=False)
+        assert isinstance(raw, bytes)
+        try:
+            return json.loads(raw) if raw else {}
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise Problem(400, "request.malformed-json", f"the body is not JSON: {exc}") from None
+
+    async def visible_run(who: Caller, run_id: str) -> Row:
+        """A run the caller may see: its own, or any for an operator."""
+        row = await store.status(context.db, _run_id(run_id))
+        if row is None or not (who.operator or row["caller"] == who.client):
+            raise Problem(404, "run.not-found", f"no run {run_id} that you may see")
+        return row
+
     @app.post("/v1/runs")
     async def start_run() -> Response:
-        raw = await request.get_data(as_text=False)
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
-            return problem(400, "request.malformed-json", f"the body is not JSON: {exc}")
+        who = await caller()
+        body = await body_json()
         held = await operations.admission_held(context.db)
         if held is not None:
-            return problem(
+            raise Problem(
                 503,
                 "admission.held",
                 f"new runs are not admitted: {held['reason']} ({held['actor']})",
             )
-        try:
-            started = await admission.start(
-                context.db,
-                context.workflows,
-                context.timer,
-                ANONYMOUS,
-                request.headers.get("Idempotency-Key"),
-                body,
-            )
-        except admission.Refusal as refusal:
-            return problem(refusal.status, refusal.code, refusal.detail, **refusal.extra)
+        started = await admission.start(
+            context.db,
+            context.workflows,
+            context.timer,
+            who,
+            request.headers.get("Idempotency-Key"),
+            body,
+        )
         row = await store.status(context.db, uuid.UUID(started.run_id))
         assert row is not None
+        if started.created:
+            context.metrics.runs_started.labels(row["workflow_id"]).inc()
         status = 201 if started.created else 200
         return _json(run_status(row), status, {"Location": f"/v1/runs/{started.run_id}"})
 
-    async def _action_body() -> JSON:
-        raw = await request.get_data(as_text=False)
-        try:
-            return json.loads(raw) if raw else {}
-        except (UnicodeDecodeError, ValueError):
-            raise operations.ActionRefused(
-                400, "request.malformed-json", "the body is not JSON"
-            ) from None
-
-    async def _run_action(run_id: str, action: str) -> Response:
-        try:
-            parsed = _uuid(run_id)
-            reason = operations.require_reason(await _action_body())
-            actor = ANONYMOUS
-            status = 200
-            if action == "cancel":
-                if not await operations.cancel(context.db, parsed, actor, reason):
-                    status = 202
-            elif action == "retry-same":
-                await operations.retry_same(
-                    context.db, context.workflows, context.timer, parsed, actor, reason
-                )
-            else:
-                await operations.reconcile(
-                    context.db,
-                    context.workflows,
-                    context.products,
-                    context.timer,
-                    parsed,
-                    actor,
-                    reason,
-                )
-        except operations.ActionRefused as refused:
-            return problem(refused.status, refused.code, refused.detail)
-        row = await store.status(context.db, parsed)
-        assert row is not None
-        return _json(run_status(row), status)
-
-    @app.post("/v1/runs/<run_id>/cancel")
-    async def cancel_run(run_id: str) -> Response:
-        return await _run_action(run_id, "cancel")
-
-    @app.post("/v1/runs/<run_id>/retry-same")
-    async def retry_same(run_id: str) -> Response:
-        return await _run_action(run_id, "retry-same")
-
-    @app.post("/v1/runs/<run_id>/reconcile")
-    async def reconcile(run_id: str) -> Response:
-        return await _run_action(run_id, "reconcile")
-
-    @app.post("/v1/admission/<change>")
-    async def admission_change(change: str) -> Response:
-        if change not in ("hold", "release"):
-            return problem(404, "route.not-found", f"no admission action {change}")
-        try:
-            reason = operations.require_reason(await _action_body())
-        except operations.ActionRefused as refused:
-            return problem(refused.status, refused.code, refused.detail)
-        await operations.set_admission(context.db, change == "hold", ANONYMOUS, reason)
-        return _json({"held": change == "hold", "reason": reason})
-
-    @app.post("/v1/results/<connection>")
-    async def deliver_result(connection: str) -> Response:
-        product = context.products.get(connection)
-        if product is None or product.config.webhook_secret is None:
-            return problem(
-                404,
-                "connection.unknown",
-                f"no connection {connection} that accepts result webhooks",
+    @app.get("/v1/runs")
+    async def list_runs() -> Response:
+        who = await caller()
+        who.require("read")
+        state, workflow = request.args.get("state"), request.args.get("workflow")
+        if state is not None and state not in STATES:
+            raise Problem(
+                400, "request.invalid-filter", f"state must be one of {', '.join(STATES)}"
             )
-        raw = await request.get_data(as_text=False)
-        assert isinstance(raw, bytes)
         try:
-            verify(
-                product.config.webhook_secret,
-                request.headers.get(SIGNATURE_HEADER),
-                raw,
-                time.time(),
-            )
-        except SignatureRefused as refused:
-            return problem(401, refused.code, refused.detail)
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
-            return problem(400, "request.malformed-json", f"the body is not JSON: {exc}")
-        results = builtin_catalog().products[product.config.product].results
-        problem_text = _delivery_problem(body, sorted(results))
-        if problem_text is not None:
-            return problem(
-                400 if "unknown result" not in problem_text else 422,
-                "webhook.invalid-delivery",
-                problem_text,
-            )
-        if holds_nul(body):
-            return problem(400, "webhook.invalid-delivery", "the delivery holds a NUL character")
-        row = await context.db.row(
-            "record_delivery",
-            {
-                "connection": connection,
-                "event_id": body["eventId"],
-                "result": body["result"],
-                "key": body["key"],
-                "payload": Jsonb(body.get("payload")),
-            },
-        )
-        assert row is not None
-        if row["woken"]:
-            context.timer.runnable()
+            limit = int(request.args.get("limit", "50"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            raise Problem(400, "request.invalid-filter", "limit must be a number from 1 to 100")
+        after_at, after_id = _cursor(request.args.get("cursor"))
+        params = {
+            "caller": who.client,
+            "state": state,
+            "workflow": workflow,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit + 1,
+        }
+        query = "list_all_runs" if who.operator else "list_runs_of_caller"
+        rows = await context.db.rows(query, params)
+        page = rows[:limit]
+        more = len(rows) > limit
         return _json(
-            {"eventId": body["eventId"], "duplicate": row["new"] == 0, "woke": row["woken"]}, 202
+            {
+                "runs": [run_status(r) for r in page],
+                "next": _next_cursor(page[-1]) if more else None,
+            }
         )
-
-    @app.get("/health")
-    async def health() -> Response:
-        return _json({"status": "ok"})
-
-    @app.get("/ready")
-    async def ready() -> Response:
-        parts: dict[str, JSON] = {}
-        try:
-            with trio.fail_after(2):
-                await context.db.row("server_version")
-            parts["database"] = {"ok": True}
-        except (trio.TooSlowError, Unavailable) as exc:
-            parts["database"] = {"ok": False, "detail": str(exc) or "no answer within 2 s"}
-        parts["schema"] = {"ok": True, "detail": "checked at startup"}
-        parts["listener"] = {
-            "ok": context.listener.connected,
-            "reconnects": context.listener.reconnects,
-        }
-        parts["workflows"] = {
-            "ok": bool(context.workflows.pinned),
-            "pinned": len(context.workflows.pinned),
-        }
-        ok = all(part["ok"] for part in parts.values())
-        return _json({"ready": ok, "parts": parts}, 200 if ok else 503)
 
     @app.get("/v1/runs/<run_id>")
     async def get_run(run_id: str) -> Response:
-        row = await _find(run_id)
-        if row is None:
-            return problem(404, "run.not-found", f"no run {run_id} that you may see")
-        return _json(run_status(row))
+        who = await caller()
+        who.require("read")
+        return _json(run_status(await visible_run(who, run_id)))
 
     @app.get("/v1/runs/<run_id>/history")
     async def get_history(run_id: str) -> Response:
-        row = await _find(run_id)
-        if row is None:
-            return problem(404, "run.not-found", f"no run {run_id} that you may see")
+        who = await caller()
+        who.require("read")
+        row = await visible_run(who, run_id)
         events = await store.history(context.db, row["id"])
         return _json(
             {
@@ -347,10 +282,197 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             }
         )
 
-    async def _find(run_id: str) -> Row | None:
+    @app.post("/v1/runs/<run_id>/<action>")
+    async def run_action(run_id: str, action: str) -> Response:
+        if action not in ("cancel", "retry-same", "reconcile"):
+            raise Problem(404, "route.not-found", f"no run action {action}")
+        who = await caller()
+        if action == "cancel":
+            who.require("cancel")
+            row = await visible_run(who, run_id)
+        else:
+            who.require_operator()
+            row = await visible_run(who, run_id)
+        reason = operations.require_reason(await body_json())
+        status = 200
+        if action == "cancel":
+            if not await operations.cancel(context.db, row["id"], who.client, reason):
+                status = 202
+            else:
+                context.metrics.runs_ended.labels(row["workflow_id"], "cancelled", "").inc()
+        elif action == "retry-same":
+            await operations.retry_same(
+                context.db, context.workflows, context.timer, row["id"], who.client, reason
+            )
+        else:
+            await operations.reconcile(
+                context.db,
+                context.workflows,
+                context.products,
+                context.timer,
+                row["id"],
+                who.client,
+                reason,
+            )
+        after = await store.status(context.db, row["id"])
+        assert after is not None
+        return _json(run_status(after), status)
+
+    @app.post("/v1/admission/<change>")
+    async def admission_change(change: str) -> Response:
+        if change not in ("hold", "release"):
+            raise Problem(404, "route.not-found", f"no admission action {change}")
+        who = await caller()
+        who.require_operator()
+        reason = operations.require_reason(await body_json())
+        await operations.set_admission(context.db, change == "hold", who.client, reason)
+        return _json({"held": change == "hold", "reason": reason, "actor": who.client})
+
+    @app.get("/v1/workflows")
+    async def pinned_workflows() -> Response:
+        await caller()
+        return _json(
+            {
+                "workflows": [
+                    {
+                        "id": p.definition.id,
+                        "version": p.definition.version,
+                        "digest": p.digest,
+                        "title": p.definition.workflow.title,
+                    }
+                    for p in context.workflows.pinned
+                ]
+            }
+        )
+
+    @app.post("/v1/results/<connection>")
+    async def deliver_result(connection: str) -> Response:
+        product = context.products.get(connection)
+        if product is None or product.config.webhook_secret is None:
+            raise Problem(
+                404,
+                "connection.unknown",
+                f"no connection {connection} that accepts result webhooks",
+            )
+        raw = await request.get_data(as_text=False)
+        assert isinstance(raw, bytes)
         try:
-            return await store.status(context.db, _uuid(run_id))
-        except operations.ActionRefused:
-            return None
+            verify(
+                product.config.webhook_secret,
+                request.headers.get(SIGNATURE_HEADER),
+                raw,
+                time.time(),
+            )
+        except Problem as refused:
+            context.metrics.deliveries.labels(connection, refused.code).inc()
+            raise
+        body = await body_json()
+        results = builtin_catalog().products[product.config.product].results
+        _check_delivery(body, sorted(results))
+        row = await context.db.row(
+            "record_delivery",
+            {
+                "connection": connection,
+                "event_id": body["eventId"],
+                "result": body["result"],
+                "key": body["key"],
+                "payload": Jsonb(body.get("payload")),
+            },
+        )
+        assert row is not None
+        duplicate = row["new"] == 0
+        context.metrics.deliveries.labels(
+            connection, "duplicate" if duplicate else "accepted"
+        ).inc()
+        if row["woken"]:
+            context.metrics.delivered(connection, body["result"], body["key"])
+            context.timer.runnable()
+        return _json(
+            {"eventId": body["eventId"], "duplicate": duplicate, "woke": row["woken"]}, 202
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        parts = await readiness(context)
+        ok = all(part["ok"] for part in parts.values())
+        return _json({"ready": ok, "parts": parts}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        await _scrape(context)
+        return Response(context.metrics.render(), status=200, content_type=CONTENT_TYPE)
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return _json(spec)
 
     return app
+
+
+def _check_delivery(body: JSON, results: list[str]) -> None:
+    """Refuse a delivery body that is not ``{result, key, eventId, payload?}``."""
+
+    def refuse(status: int, detail: str) -> Problem:
+        return Problem(status, "webhook.invalid-delivery", detail)
+
+    if not isinstance(body, dict):
+        raise refuse(400, "the delivery must be a JSON object {result, key, eventId, payload?}")
+    unknown = sorted(set(body) - {"result", "key", "eventId", "payload"})
+    if unknown:
+        raise refuse(400, f"unknown fields: {', '.join(unknown)}")
+    for name, limit in (("result", 64), ("key", 500), ("eventId", 200)):
+        value = body.get(name)
+        if not isinstance(value, str) or not 1 <= len(value) <= limit:
+            raise refuse(400, f"{name} must be a string of 1 to {limit} characters")
+    if holds_nul(body):
+        raise refuse(400, "the delivery holds a NUL character")
+    if body["result"] not in results:
+        raise refuse(
+            422, f"unknown result {body['result']!r}; this product delivers: " + ", ".join(results)
+        )
+
+
+async def readiness(context: Context) -> dict[str, JSON]:
+    """Each part of readiness, named: what /ready and systemd's READY=1 go by."""
+    parts: dict[str, JSON] = {}
+    try:
+        with trio.fail_after(2):
+            await context.db.row("server_version")
+        parts["database"] = {"ok": True}
+    except (trio.TooSlowError, Unavailable) as exc:
+        parts["database"] = {"ok": False, "detail": str(exc) or "no answer within 2 s"}
+    parts["schema"] = {"ok": True, "detail": "checked at startup"}
+    parts["listener"] = {
+        "ok": context.listener.connected,
+        "reconnects": context.listener.reconnects,
+    }
+    parts["workflows"] = {
+        "ok": bool(context.workflows.pinned),
+        "pinned": len(context.workflows.pinned),
+    }
+    return parts
+
+
+async def _scrape(context: Context) -> None:
+    """Refresh the gauges that describe the present, just before they are read."""
+    metrics = context.metrics
+    try:
+        with trio.fail_after(2):
+            rows = await context.db.rows("active_runs_by_state")
+    except (trio.TooSlowError, Unavailable):
+        rows = None
+    if rows is not None:
+        counts = {r["state"]: r["runs"] for r in rows}
+        for state in ("running", "waiting", "held"):
+            metrics.runs.labels(state).set(counts.get(state, 0))
+        metrics.held.set(counts.get("held", 0))
+    for name, product in context.products.items():
+        metrics.pool_in_use.labels(name).set(product.limiter.borrowed_tokens)
+        metrics.pool_queued.labels(name).set(
+            max(0, product.queued - product.limiter.borrowed_tokens)
+        )
+    metrics.listener.set(1 if context.listener.connected else 0)

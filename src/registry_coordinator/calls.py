@@ -31,6 +31,7 @@ from .config import ConnectionConfig
 from .database import Database
 from .definition import Definition
 from .identity import Credentials, IdentityRefused, IdentityUnavailable, credentials
+from .metrics import Metrics
 from .steps import (
     Advance,
     Fetch,
@@ -134,6 +135,13 @@ class Product:
             await self.client.aclose()
 
 
+def _result_class(reply: Reply) -> str:
+    """A call's result as a metric label: 2xx, 4xx, 5xx, not-sent or lost."""
+    if reply.kind is not ReplyKind.RESPONSE or reply.status is None:
+        return reply.kind.value
+    return f"{reply.status // 100}xx"
+
+
 def _retry_after(value: str | None) -> timedelta | None:
     if not value:
         return None
@@ -154,6 +162,7 @@ class Calls:
     products: dict[str, Product]
     timer: Timer
     lease: timedelta
+    metrics: Metrics
 
     def __post_init__(self) -> None:
         self._nursery: trio.Nursery | None = None
@@ -218,7 +227,11 @@ class Calls:
                 request, url = sealed or (request, product.url(request.target))
                 run = await store.dispatch(self.db, run, request, url)
                 sent = True
+                started = trio.current_time()
                 reply = await product.send(request, url)
+                self.metrics.calls.labels(
+                    product.config.name, run.step, _result_class(reply)
+                ).observe(trio.current_time() - started)
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
                 await self._settle(definition, run, reply)
         except store.LeaseLost:
@@ -252,9 +265,11 @@ class Calls:
             with trio.CancelScope(shield=True):
                 advance = fetched(definition, run.step, reply)
                 if advance is not None:
-                    await store.commit(
+                    committed = await store.commit(
                         self.db, definition, run, advance, self.lease, keep_lease=False
                     )
+                    self.metrics.committed(definition, step, committed.run.state, committed.outcome)
+                    self.metrics.resumed(step.connection, step.result_name, fetch.key)
                     self.timer.runnable()
                 else:
                     due = await store.release_wait(self.db, run, step, fetch.key, poll, since)
@@ -281,6 +296,8 @@ class Calls:
             keep_lease=False,
             settlement=store.Settlement(outcome, reply.status, body or None),
         )
+        step = definition.step(run.step)
+        self.metrics.committed(definition, step, committed.run.state, committed.outcome)
         if isinstance(transition, Advance):
             self.timer.runnable()
         elif isinstance(transition, Retry) and committed.due_at is not None:
@@ -289,13 +306,14 @@ class Calls:
 
 async def with_products(
     connections: dict[str, ConnectionConfig],
-    body: Callable[[dict[str, Product]], Awaitable[None]],
+    body: Callable[[dict[str, Product], httpx.AsyncClient], Awaitable[None]],
 ) -> None:
-    """Open an HTTP client per connection (and one for token endpoints) around ``body``."""
+    """Open an HTTP client per connection around ``body``, and one for token endpoints and
+    key sets (which ``body`` gets too)."""
     async with httpx.AsyncClient(timeout=10.0, follow_redirects=False) as token_client:
         products = {name: Product(config, token_client) for name, config in connections.items()}
         try:
-            await body(products)
+            await body(products, token_client)
         finally:
             for product in products.values():
                 await product.aclose()

@@ -84,6 +84,32 @@ class ConnectionConfig:
     path: DataPath
 
 
+ACTIONS = ("start", "read", "cancel")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a client holding some scopes may do: start and see runs of some workflows,
+    or everything, as an operator."""
+
+    client: str
+    scopes: frozenset[str]
+    workflows: frozenset[str]  # "*" for all
+    actions: frozenset[str]
+    operator: bool
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    mode: str  # "jwt", or "none" for local development on a loopback address only
+    jwks_file: Path | None
+    jwks_url: str | None
+    issuer: str | None
+    audience: str | None
+    max_lifetime: timedelta
+    policies: tuple[Policy, ...]
+
+
 @dataclass(frozen=True)
 class Config:
     file: Path
@@ -94,6 +120,7 @@ class Config:
     connections: dict[str, ConnectionConfig]
     engine: EngineConfig
     request_body_limit: int
+    auth: AuthConfig
 
 
 def resolve_secret(reference: str) -> str:
@@ -123,7 +150,7 @@ def load_config(path: Path) -> Config:
         root,
         (),
         "the configuration",
-        ["database", "workflows"],
+        ["database", "workflows", "auth"],
         ["listen", "connections", "engine", "limits"],
     )
     database = _database(reader, root.get("database"), base)
@@ -134,10 +161,117 @@ def load_config(path: Path) -> Config:
     limits = reader.mapping(root.get("limits", {}), ("limits",), "limits") or {}
     reader.fields(limits, ("limits",), "limits", [], ["requestBody"])
     body_limit = _integer(reader, limits, "requestBody", ("limits",), 64 * 1024, 1024, 16 << 20)
+    auth = _auth(reader, root.get("auth"), base, host) if "auth" in root else None
     if reader.diagnostics:
         raise Refused(reader.diagnostics)
-    assert database is not None and engine is not None
-    return Config(path, database, host, port, workflows, connections, engine, body_limit)
+    assert database is not None and engine is not None and auth is not None
+    return Config(path, database, host, port, workflows, connections, engine, body_limit, auth)
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | None:
+    path: DataPath = ("auth",)
+    data = reader.mapping(value, path, "auth")
+    if data is None:
+        return None
+    mode = reader.string(data, "mode", path, "auth")
+    if mode == "none":
+        reader.fields(data, path, "auth", ["mode"])
+        if host not in LOOPBACK:
+            reader.report(
+                "config.invalid-value",
+                f"auth mode none lets every caller act as an operator, and listen.host {host} "
+                "is not a loopback address",
+                "configure auth: {mode: jwt, ...}, or listen on 127.0.0.1 for local development",
+                (*path, "mode"),
+            )
+        return AuthConfig("none", None, None, None, None, timedelta(hours=1), ())
+    optional = ["jwksFile", "jwksUrl", "maxLifetime"]
+    reader.fields(data, path, "auth", ["mode", "issuer", "audience", "policies"], optional)
+    if mode != "jwt":
+        reader.report(
+            "config.invalid-value",
+            f"auth mode {mode!r} is not jwt or none",
+            "write auth: {mode: jwt, ...}",
+            (*path, "mode"),
+        )
+        return None
+    if ("jwksFile" in data) == ("jwksUrl" in data):
+        reader.report(
+            "config.invalid-value",
+            "auth needs exactly one of jwksFile and jwksUrl",
+            "give the JWKS of the token issuer as a file or an https URL",
+            path,
+        )
+        return None
+    jwks_file = reader.string(data, "jwksFile", path, "auth")
+    jwks_url = reader.string(data, "jwksUrl", path, "auth")
+    lifetime = _duration(
+        reader, data, "maxLifetime", path, timedelta(hours=1), timedelta(seconds=10)
+    )
+    policies = []
+    items = data.get("policies")
+    if not isinstance(items, list):
+        reader.report(
+            "field.type",
+            "auth policies must be a list",
+            "list one policy per client",
+            (*path, "policies"),
+        )
+        items = []
+    for index, item in enumerate(items):
+        at = (*path, "policies", index)
+        entry = reader.mapping(item, at, "a policy")
+        if entry is None:
+            continue
+        reader.fields(
+            entry, at, "a policy", ["client"], ["scopes", "workflows", "actions", "operator"]
+        )
+        lists = {}
+        for name in ("scopes", "workflows", "actions"):
+            got = entry.get(name, [])
+            if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
+                reader.report(
+                    "field.type",
+                    f"a policy's {name} must be a list of strings",
+                    f"write {name}: [a, b]",
+                    (*at, name),
+                )
+                got = []
+            lists[name] = frozenset(got)
+        unknown = lists["actions"] - set(ACTIONS)
+        if unknown:
+            reader.report(
+                "config.invalid-value",
+                f"unknown actions {sorted(unknown)}; a policy grants {', '.join(ACTIONS)}",
+                "operators get every action with operator: true",
+                (*at, "actions"),
+            )
+        operator = entry.get("operator", False)
+        if not isinstance(operator, bool):
+            reader.report(
+                "field.type",
+                "operator must be true or false",
+                "write operator: true",
+                (*at, "operator"),
+            )
+            operator = False
+        client = reader.string(entry, "client", at, "a policy")
+        if client:
+            policies.append(
+                Policy(client, lists["scopes"], lists["workflows"], lists["actions"], operator)
+            )
+    return AuthConfig(
+        "jwt",
+        (base / jwks_file).resolve() if jwks_file else None,
+        jwks_url,
+        reader.string(data, "issuer", path, "auth"),
+        reader.string(data, "audience", path, "auth"),
+        lifetime,
+        tuple(policies),
+    )
 
 
 def _integer(

@@ -18,6 +18,7 @@ from .authoring import Call
 from .calls import Product
 from .catalog import Recovery
 from .database import Connection, Database, Row
+from .problems import Problem
 from .steps import ReplyKind, build_receipt_request
 from .timers import Timer
 from .workflows import Workflows
@@ -27,18 +28,10 @@ MAX_REASON = 1000
 TERMINAL = ("finished", "failed", "expired", "cancelled")
 
 
-class ActionRefused(Exception):
-    """An action that changes nothing, with its HTTP status, stable code and explanation."""
-
-    def __init__(self, status: int, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
-
-
 def require_reason(body: JSON) -> str:
     reason = body.get("reason") if isinstance(body, dict) else None
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
-        raise ActionRefused(
+        raise Problem(
             400,
             "request.reason-missing",
             f'give a reason: {{"reason": "..."}}, 1 to {MAX_REASON} characters',
@@ -49,7 +42,7 @@ def require_reason(body: JSON) -> str:
 async def _locked(conn: Connection, run_id: uuid.UUID) -> Row:
     run = await conn.row("operator_run", {"id": run_id})
     if run is None:
-        raise ActionRefused(404, "run.not-found", f"no run {run_id} that you may see")
+        raise Problem(404, "run.not-found", f"no run {run_id} that you may see")
     return run
 
 
@@ -58,7 +51,7 @@ async def cancel(db: Database, run_id: uuid.UUID, actor: str, reason: str) -> bo
     async with db.connection() as conn, conn.transaction():
         run = await _locked(conn, run_id)
         if run["state"] in TERMINAL:
-            raise ActionRefused(409, "run.ended", f"the run already ended {run['state']}")
+            raise Problem(409, "run.ended", f"the run already ended {run['state']}")
         event = {"reason": reason}
         if run["dispatched_at"] is not None:
             await conn.row(
@@ -91,11 +84,11 @@ async def _held_call(
 ) -> tuple[Row, Call, Any]:
     run = await _locked(conn, run_id)
     if run["state"] != "held":
-        raise ActionRefused(409, "run.not-held", f"the run is {run['state']}, not held")
+        raise Problem(409, "run.not-held", f"the run is {run['state']}, not held")
     definition = await workflows.by_digest(db, run["digest"])
     step = definition.step(run["step"])
     if not isinstance(step, Call) or run["attempt"] == 0:
-        raise ActionRefused(
+        raise Problem(
             409,
             "run.nothing-to-resend",
             f"the run is held at {run['step']}, which has no sealed request",
@@ -136,7 +129,7 @@ async def reconcile(
             run, step, definition = await _held_call(conn, workflows, db, run_id)
         operation = definition.operations[step.id]
         if operation.recovery is not Recovery.SAME_COMMAND_AND_RECEIPT:
-            raise ActionRefused(
+            raise Problem(
                 409,
                 "run.no-receipt",
                 f"{operation.product}/{operation.name} has no receipt lookup; check the "
@@ -164,7 +157,7 @@ async def reconcile(
         async with conn.transaction():
             current = await _locked(conn, run_id)
             if current["seq"] != run["seq"]:
-                raise ActionRefused(409, "run.changed", "the run changed meanwhile; look again")
+                raise Problem(409, "run.changed", "the run changed meanwhile; look again")
             detail = {
                 "reason": reason,
                 "receiptStatus": reply.status,
@@ -198,13 +191,13 @@ async def reconcile(
                 )
     if not confirmed:
         if reply.status == 404:
-            raise ActionRefused(
+            raise Problem(
                 409,
                 "reconcile.no-receipt",
                 "the product has no record of the original request: it was not "
                 "applied; retry-same sends it, or cancel",
             )
-        raise ActionRefused(
+        raise Problem(
             502,
             "reconcile.unavailable",
             f"the receipt could not be read ({reply.status or reply.detail}); the run stays held",

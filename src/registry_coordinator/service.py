@@ -20,17 +20,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 
+import httpx
 import trio
 import trio_asyncio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from .api import Context, create_app
+from .auth import Authenticator
 from .calls import Calls, Product, with_products
 from .config import Config
 from .database import Database
 from .embedded import EmbeddedPostgres
 from .listener import Listener
+from .metrics import Metrics
 from .migrations import check_server, migrate, require_current
 from .timers import Timer
 from .worker import Engine
@@ -81,14 +84,21 @@ async def serve(config: Config, workflows: Workflows) -> None:
 
 
 async def _supervise(
-    config: Config, workflows: Workflows, db: Database, products: dict[str, Product]
+    config: Config,
+    workflows: Workflows,
+    db: Database,
+    products: dict[str, Product],
+    client: httpx.AsyncClient,
 ) -> None:
-    """The nursery: timer, call pools, engine workers, lease keeper, HTTP front end."""
+    """The nursery: timer, listener, call pools, engine workers, lease keeper, HTTP."""
+    metrics = Metrics()
     timer = Timer(db, config.engine.sweep_interval)
-    calls = Calls(db, products, timer, config.engine.lease)
-    engine = Engine(db, workflows, timer, calls, config.engine)
+    calls = Calls(db, products, timer, config.engine.lease, metrics)
+    engine = Engine(db, workflows, timer, calls, config.engine, metrics)
     listener = Listener(db, timer)
-    app = create_app(Context(db, workflows, timer, products, listener), config.request_body_limit)
+    auth = Authenticator(config.auth, client)
+    context = Context(db, workflows, timer, products, listener, auth, metrics)
+    app = create_app(context, config.request_body_limit)
     http = HypercornConfig()
     http.bind = [f"{config.host}:{config.port}"]
     http.accesslog = None

@@ -226,6 +226,7 @@ class Settlement:
 class Committed:
     run: Claimed  # the run as it stands now
     due_at: datetime | None  # when it next falls due, for the timer
+    outcome: str | None = None  # the outcome, when the run finished
 
 
 async def commit(
@@ -301,7 +302,7 @@ async def commit(
         outputs={**run.outputs, **params["outputs"]},
         completed={**run.completed, **dict.fromkeys(params["completed"], params["now"])},
     )
-    return Committed(after, params["due_at"])
+    return Committed(after, params["due_at"], params["outcome"])
 
 
 def _columns(

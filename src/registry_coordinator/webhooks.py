@@ -12,17 +12,11 @@ import hashlib
 import hmac
 import re
 
+from .problems import Problem
+
 SIGNATURE_HEADER = "Coordinator-Signature"
 REPLAY_WINDOW = 300  # seconds
 _SIGNATURE = re.compile(r"^t=(\d{1,12}),v1=([0-9a-f]{64})$")
-
-
-class SignatureRefused(Exception):
-    """Why a delivery's signature is not accepted; ``code`` is the problem code."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code, self.detail = code, detail
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
@@ -31,27 +25,30 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
 
 
 def verify(secret: str, header: str | None, body: bytes, now: float) -> None:
-    """Accept a delivery's signature, or raise :class:`SignatureRefused`."""
+    """Accept a delivery's signature, or refuse it with a 401 :class:`Problem`."""
     if not header:
-        raise SignatureRefused(
-            "webhook.signature-missing", f"sign the delivery: send a {SIGNATURE_HEADER} header"
+        raise Problem(
+            401, "webhook.signature-missing", f"sign the delivery: send a {SIGNATURE_HEADER} header"
         )
     match = _SIGNATURE.match(header.strip())
     if match is None:
-        raise SignatureRefused(
+        raise Problem(
+            401,
             "webhook.signature-invalid",
             f"{SIGNATURE_HEADER} must read t=<unix seconds>,v1=<64 hex digits>",
         )
     timestamp = int(match[1])
     if abs(now - timestamp) > REPLAY_WINDOW:
-        raise SignatureRefused(
+        raise Problem(
+            401,
             "webhook.signature-stale",
             "the signature's timestamp is more than five minutes away from "
             "now: sign each delivery when it is sent",
         )
     expected = sign(secret, timestamp, body)
     if not hmac.compare_digest(expected, f"t={timestamp},v1={match[2]}"):
-        raise SignatureRefused(
+        raise Problem(
+            401,
             "webhook.signature-invalid",
             "the signature does not match the body and this connection's secret",
         )

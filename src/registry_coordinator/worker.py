@@ -23,6 +23,7 @@ from .calls import Calls
 from .config import EngineConfig
 from .database import Database, Unavailable
 from .faults import crash_point
+from .metrics import Metrics
 from .steps import Advance, Fetch, Send, on_due
 from .timers import Timer
 from .workflows import Workflows
@@ -40,12 +41,14 @@ class Engine:
         timer: Timer,
         calls: Calls,
         config: EngineConfig,
+        metrics: Metrics,
     ) -> None:
         self.db = db
         self.workflows = workflows
         self.timer = timer
         self.calls = calls
         self.config = config
+        self.metrics = metrics
         self.owner = uuid.uuid4().hex[:12]  # this process, as a lease holder
         self.stopping = False
         self.stopped = trio.Event()
@@ -146,6 +149,10 @@ class Engine:
                 log.warning("run %s: lease lost to another worker; leaving it", run.id)
                 return
             crash_point("after-commit")
+            if run.timer_at is not None and now >= run.timer_at:
+                self.metrics.timer_lateness.observe((now - run.timer_at).total_seconds())
+            step = definition.step(run.step)
+            self.metrics.committed(definition, step, committed.run.state, committed.outcome)
             if not isinstance(transition, Advance):
                 if committed.due_at is not None:
                     self._schedule(committed.run, committed.due_at)

@@ -284,3 +284,31 @@ RETURNING due_at;
 
 -- name: notify_wake
 SELECT pg_notify('coordinator_wake', %(why)s);
+
+-- name: list_runs_of_caller
+-- One page of a caller's runs, newest first, after the cursor (admitted_at, id).
+SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
+       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at
+FROM runs r JOIN definitions d ON d.digest = r.digest
+WHERE r.caller = %(caller)s
+  AND (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
+  AND (%(state)s::text IS NULL OR r.state = %(state)s)
+  AND (%(workflow)s::text IS NULL OR r.workflow_id = %(workflow)s)
+ORDER BY r.admitted_at DESC, r.id DESC
+LIMIT %(limit)s;
+
+-- name: list_all_runs
+-- One page of every caller's runs, for operators.
+SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
+       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at
+FROM runs r JOIN definitions d ON d.digest = r.digest
+WHERE (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
+  AND (%(state)s::text IS NULL OR r.state = %(state)s)
+  AND (%(workflow)s::text IS NULL OR r.workflow_id = %(workflow)s)
+ORDER BY r.admitted_at DESC, r.id DESC
+LIMIT %(limit)s;
+
+-- name: active_runs_by_state
+SELECT state, count(*) AS runs FROM runs WHERE ended_at IS NULL GROUP BY state;
