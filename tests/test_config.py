@@ -76,7 +76,8 @@ def test_database_needs_exactly_one_of_dsn_and_embedded(tmp_path: Path) -> None:
     path.write_text("database: {}\nworkflows: []\nauth: {mode: none}\n")
     assert refused(path) == [("config.invalid-value", 1)]
     path.write_text(
-        "database: {dsn: 'env:X', embedded: {dataDirectory: d}}\nworkflows: []\nauth: {mode: none}\n"
+        "database: {dsn: 'env:X', embedded: {dataDirectory: d}}\n"
+        "workflows: []\nauth: {mode: none}\n"
     )
     assert refused(path) == [("config.invalid-value", 1)]
     path.write_text("database: {embedded: {dataDirectory: d}}\nworkflows: []\nauth: {mode: none}\n")
