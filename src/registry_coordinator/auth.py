@@ -14,14 +14,21 @@ Being allowed to start a workflow grants nothing at the products it calls.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jwt
 import trio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .config import ACTIONS, AuthConfig, Policy
 from .problems import Problem
@@ -175,3 +182,72 @@ def _scopes(claims: dict[str, Any]) -> frozenset[str]:
     if isinstance(scope, list):
         return frozenset(s for s in scope if isinstance(s, str))
     return frozenset()
+
+
+# --- development tokens (coordinator token) ------------------------------------------------
+
+DEVELOPMENT_ISSUER = "http://localhost/coordinator-development"
+DEVELOPMENT_AUDIENCE = "registry-coordinator"
+
+
+def jwks_path(key_path: Path) -> Path:
+    """Where the public half of a development key is published: beside it."""
+    return key_path.with_name(key_path.stem + ".jwks.json")
+
+
+def development_key(key_path: Path) -> tuple[Ed25519PrivateKey, str, bool]:
+    """The Ed25519 development key at ``key_path`` and its key id; created (with its JWKS
+    beside it) when missing. For the demo and tests only: never a production issuer."""
+    created = not key_path.exists()
+    if created:
+        key_path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = Ed25519PrivateKey.generate()
+        pem = fresh.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        descriptor = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(pem)
+    loaded = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(loaded, Ed25519PrivateKey):
+        raise ValueError(f"{key_path} is not an Ed25519 private key")
+    raw = loaded.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    key_id = hashlib.sha256(raw).hexdigest()[:16]
+    public = {
+        "kty": "OKP",
+        "crv": "Ed25519",
+        "alg": "EdDSA",
+        "use": "sig",
+        "kid": key_id,
+        "x": base64.urlsafe_b64encode(raw).decode().rstrip("="),
+    }
+    jwks_path(key_path).write_text(json.dumps({"keys": [public]}, indent=2) + "\n")
+    return loaded, key_id, created
+
+
+def mint(
+    key_path: Path,
+    client: str,
+    scopes: list[str],
+    lifetime: float,
+    issuer: str = DEVELOPMENT_ISSUER,
+    audience: str = DEVELOPMENT_AUDIENCE,
+) -> str:
+    """A short-lived token signed by the development key."""
+    key, key_id, _ = development_key(key_path)
+    now = int(time.time())
+    claims = {
+        "iss": issuer,
+        "aud": audience,
+        "sub": client,
+        "client_id": client,
+        "scope": " ".join(scopes),
+        "iat": now,
+        "exp": now + int(lifetime),
+        "jti": uuid.uuid4().hex,
+    }
+    return jwt.encode(claims, key, algorithm="EdDSA", headers={"kid": key_id})

@@ -101,6 +101,22 @@ def _parser() -> argparse.ArgumentParser:
         help="how long Messaging takes to deliver a message",
     )
 
+    token = commands.add_parser(
+        "token", help="mint a short-lived token from a local development key (demo, tests)"
+    )
+    token.add_argument(
+        "--key",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="the development key (created, with FILE.jwks.json, if missing)",
+    )
+    token.add_argument("--client", required=True, help="the client id the token names")
+    token.add_argument("--scope", action="append", default=[], help="a scope (repeat for more)")
+    token.add_argument("--lifetime", default="PT15M", help="ISO 8601 duration (default PT15M)")
+    token.add_argument("--issuer", default=None, help="the iss claim")
+    token.add_argument("--audience", default=None, help="the aud claim")
+
     demo = commands.add_parser("demo", help="walk the tutorial workflow")
     demo.add_argument("--workflows", type=Path, default=Path("workflows"), metavar="DIR")
     return parser
@@ -117,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": _serve,
         "migrate": _migrate,
         "stand-ins": _stand_ins,
+        "token": _token,
         "demo": _demo,
     }[args.command]
     try:
@@ -324,6 +341,39 @@ def _migrate(args: argparse.Namespace) -> int:
                 print("the schema is current")
 
     return _run_service(run)
+
+
+def _token(args: argparse.Namespace) -> int:
+    from .auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, development_key, jwks_path, mint
+    from .durations import DurationError, parse_duration
+
+    try:
+        lifetime = parse_duration(args.lifetime)
+    except DurationError as exc:
+        print(f"coordinator token: --lifetime: {exc}", file=sys.stderr)
+        return USAGE
+    existed = args.key.exists()
+    try:
+        development_key(args.key)
+    except (OSError, ValueError) as exc:
+        print(f"coordinator token: {exc}", file=sys.stderr)
+        return INVALID
+    if not existed:
+        print(
+            f"created development key {args.key}; its JWKS is {jwks_path(args.key)}",
+            file=sys.stderr,
+        )
+    print(
+        mint(
+            args.key,
+            args.client,
+            args.scope,
+            lifetime.total_seconds(),
+            args.issuer or DEVELOPMENT_ISSUER,
+            args.audience or DEVELOPMENT_AUDIENCE,
+        )
+    )
+    return OK
 
 
 def _stand_ins(args: argparse.Namespace) -> int:

@@ -1,0 +1,242 @@
+"""Caller authentication and policies against a live service.
+
+Tokens are signed here with real keys (Ed25519, RSA and P-256) whose public
+halves are in the JWKS file the service is configured with.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from registry_coordinator.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER
+
+from .harness import Service, coordinator, migrate, running, write_config
+
+KEYS: dict[str, tuple[str, Any]] = {
+    "ed": ("EdDSA", Ed25519PrivateKey.generate()),
+    "rsa": ("RS256", rsa.generate_private_key(public_exponent=65537, key_size=2048)),
+    "ec": ("ES256", ec.generate_private_key(ec.SECP256R1())),
+}
+POLICIES = [
+    {
+        "client": "case-portal",
+        "scopes": ["coordinator.runs"],
+        "workflows": ["timed-choice"],
+        "actions": ["start", "read", "cancel"],
+    },
+    {
+        "client": "other-portal",
+        "scopes": ["coordinator.runs"],
+        "workflows": ["*"],
+        "actions": ["start", "read"],
+    },
+    {"client": "registry-operators", "scopes": ["coordinator.operate"], "operator": True},
+]
+
+
+def jwks(directory: Path) -> Path:
+    entries = []
+    for kid, (algorithm, key) in KEYS.items():
+        public = jwt.get_algorithm_by_name(algorithm).to_jwk(key.public_key(), as_dict=True)
+        entries.append({**public, "kid": kid, "alg": algorithm, "use": "sig"})
+    path = directory / "jwks.json"
+    path.write_text(json.dumps({"keys": entries}))
+    return path
+
+
+def token(
+    client: str,
+    scopes: str = "coordinator.runs",
+    *,
+    kid: str = "ed",
+    key: Any = None,
+    **claims: Any,
+) -> str:
+    algorithm, signing = KEYS[kid]
+    now = int(time.time())
+    body = {
+        "iss": DEVELOPMENT_ISSUER,
+        "aud": DEVELOPMENT_AUDIENCE,
+        "client_id": client,
+        "scope": scopes,
+        "iat": now,
+        "exp": now + 300,
+        "jti": uuid.uuid4().hex,
+        **claims,
+    }
+    return jwt.encode(body, key or signing, algorithm=algorithm, headers={"kid": kid})
+
+
+@pytest.fixture
+def service(dsn: str, tmp_path: Path) -> Any:
+    auth = {
+        "mode": "jwt",
+        "issuer": DEVELOPMENT_ISSUER,
+        "audience": DEVELOPMENT_AUDIENCE,
+        "jwksFile": str(jwks(tmp_path)),
+        "maxLifetime": "PT1H",
+        "policies": POLICIES,
+    }
+    config = write_config(tmp_path, dsn, ["timed-choice", "deadline"], extra={"auth": auth})
+    migrate(config)
+    with running(config, tmp_path / "service.log") as live:
+        yield live
+
+
+def call(service: Service, method: str, path: str, bearer: str | None, **kwargs: Any) -> Any:
+    headers = kwargs.pop("headers", {})
+    if bearer is not None:
+        headers["Authorization"] = f"Bearer {bearer}"
+    return service.http.request(method, path, headers=headers, **kwargs)
+
+
+def start(service: Service, bearer: str, workflow: str = "timed-choice") -> Any:
+    return call(
+        service,
+        "POST",
+        "/v1/runs",
+        bearer,
+        json={"workflow": workflow, "input": {"answer": "no"}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+
+
+def test_refused_tokens_get_401_with_a_code(service: Service) -> None:
+    now = int(time.time())
+    other = Ed25519PrivateKey.generate()
+    cases = [
+        ("auth.missing-token", None),
+        ("auth.invalid-token", "not-a-jwt"),
+        ("auth.invalid-token", token("case-portal", key=other)),  # right kid, wrong key
+        (
+            "auth.unknown-key",
+            jwt.encode(
+                {"iss": DEVELOPMENT_ISSUER}, other, algorithm="EdDSA", headers={"kid": "nobody"}
+            ),
+        ),
+        ("auth.expired", token("case-portal", iat=now - 600, exp=now - 120)),
+        ("auth.wrong-audience", token("case-portal", aud="someone-else")),
+        ("auth.wrong-issuer", token("case-portal", iss="https://foreign.example")),
+        ("auth.lifetime-too-long", token("case-portal", exp=now + 7200)),
+    ]
+    for code, bearer in cases:
+        response = call(service, "GET", "/v1/runs", bearer)
+        assert response.status_code == 401, (code, response.text)
+        assert response.json()["code"] == code
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_every_algorithm_is_accepted(service: Service) -> None:
+    for kid in KEYS:
+        response = call(service, "GET", "/v1/runs", token("case-portal", kid=kid))
+        assert response.status_code == 200, (kid, response.text)
+
+
+def test_a_valid_token_without_a_policy_gets_403(service: Service) -> None:
+    stranger = token("stranger")
+    assert start(service, stranger).json()["code"] == "auth.forbidden"
+    assert call(service, "GET", "/v1/runs", stranger).status_code == 403
+    wrong_scope = token("case-portal", scopes="something.else")
+    assert start(service, wrong_scope).status_code == 403
+    not_this_workflow = start(service, token("case-portal"), workflow="deadline")
+    assert not_this_workflow.status_code == 403
+    no_cancel = start(service, token("other-portal"))
+    assert no_cancel.status_code == 201
+    refused = call(
+        service,
+        "POST",
+        f"/v1/runs/{no_cancel.json()['id']}/cancel",
+        token("other-portal"),
+        json={"reason": "try"},
+    )
+    assert refused.status_code == 403
+    not_operator = call(
+        service, "POST", "/v1/admission/hold", token("case-portal"), json={"reason": "x"}
+    )
+    assert not_operator.json()["code"] == "auth.operator-required"
+
+
+def test_callers_see_their_own_runs_and_operators_see_all(service: Service) -> None:
+    mine = start(service, token("case-portal")).json()["id"]
+    theirs = start(service, token("other-portal")).json()["id"]
+    assert call(service, "GET", f"/v1/runs/{theirs}", token("case-portal")).status_code == 404
+    history = call(service, "GET", f"/v1/runs/{theirs}/history", token("case-portal"))
+    assert history.status_code == 404
+    cancel = call(
+        service,
+        "POST",
+        f"/v1/runs/{theirs}/cancel",
+        token("case-portal"),
+        json={"reason": "not mine"},
+    )
+    assert cancel.status_code == 404
+    listed = call(service, "GET", "/v1/runs", token("case-portal")).json()["runs"]
+    assert [r["id"] for r in listed] == [mine]
+    operator = token("registry-operators", "coordinator.operate")
+    assert call(service, "GET", f"/v1/runs/{theirs}", operator).status_code == 200
+    everything = call(service, "GET", "/v1/runs", operator).json()["runs"]
+    assert {r["id"] for r in everything} == {mine, theirs}
+    assert call(service, "GET", f"/v1/runs/{mine}", token("case-portal")).json()["caller"] == (
+        "case-portal"
+    )
+
+
+def test_run_listing_pages_with_a_cursor_and_filters(service: Service) -> None:
+    operator = token("registry-operators", "coordinator.operate")
+    started = [start(service, token("other-portal")).json()["id"] for _ in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = call(service, "GET", "/v1/runs", operator, params=params).json()
+        seen += [r["id"] for r in page["runs"]]
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(started)
+    assert len(seen) == len(set(seen))
+    running = call(
+        service,
+        "GET",
+        "/v1/runs",
+        operator,
+        params={"state": "finished", "workflow": "timed-choice"},
+    ).json()["runs"]
+    assert all(r["state"] == "finished" for r in running)
+    bad = call(service, "GET", "/v1/runs", operator, params={"state": "sleeping"})
+    assert bad.json()["code"] == "request.invalid-filter"
+    assert call(service, "GET", "/v1/runs", operator, params={"cursor": "%%%"}).status_code == 400
+    workflows = call(service, "GET", "/v1/workflows", token("stranger")).json()["workflows"]
+    assert sorted(w["id"] for w in workflows) == ["deadline", "timed-choice"]
+
+
+def test_coordinator_token_mints_a_token_the_service_accepts(dsn: str, tmp_path: Path) -> None:
+    key = tmp_path / "dev" / "signing-key.pem"
+    minted = coordinator(
+        "token", "--key", key, "--client", "case-portal", "--scope", "coordinator.runs"
+    )
+    assert minted.returncode == 0, minted.stderr
+    assert "created development key" in minted.stderr
+    auth = {
+        "mode": "jwt",
+        "issuer": DEVELOPMENT_ISSUER,
+        "audience": DEVELOPMENT_AUDIENCE,
+        "jwksFile": str(key.with_name("signing-key.jwks.json")),
+        "policies": POLICIES,
+    }
+    config = write_config(tmp_path, dsn, ["timed-choice"], extra={"auth": auth})
+    migrate(config)
+    with running(config, tmp_path / "service.log") as live:
+        response = call(live, "GET", "/v1/runs", minted.stdout.strip())
+    assert response.status_code == 200, response.text
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    assert coordinator("token", "--key", key, "--client", "x", "--lifetime", "soon").returncode == 2
