@@ -136,8 +136,8 @@ def test_bad_starts_get_a_clear_4xx_and_change_nothing(dsn: str, tmp_path: Path)
         (
             key,
             b'{"workflow": "timed-choice", "input": {"answer": "a\\u0000b"}}',
-            422,
-            "input.invalid",
+            400,
+            "request.unstorable-text",
         ),
         (
             key,

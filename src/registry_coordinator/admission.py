@@ -9,7 +9,6 @@ from typing import Any
 from . import store
 from .auth import Caller
 from .database import Database
-from .expressions import holds_nul
 from .problems import Problem
 from .timers import Timer
 from .workflows import Workflows
@@ -74,8 +73,6 @@ async def start(
     problems = pinned.definition.schema_errors(
         pinned.definition.workflow.input_schema, body["input"]
     )
-    if holds_nul(body["input"]):
-        problems.append("the input holds a NUL character (\\u0000), which cannot be stored")
     if problems:
         raise Problem(
             422,

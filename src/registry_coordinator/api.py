@@ -27,9 +27,10 @@ from werkzeug.exceptions import HTTPException
 from . import admission, operations, store
 from .auth import Authenticator, Caller
 from .calls import Product
+from .canonical import storable
 from .catalog import builtin_catalog
 from .database import Database, Row, Unavailable
-from .expressions import format_instant, holds_nul, parse_instant
+from .expressions import format_instant, parse_instant
 from .listener import Listener
 from .metrics import CONTENT_TYPE, Metrics
 from .problems import Problem
@@ -181,9 +182,17 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
         raw = await request.get_data(as_text=False)
         assert isinstance(raw, bytes)
         try:
-            return json.loads(raw) if raw else {}
+            body = json.loads(raw) if raw else {}
         except (UnicodeDecodeError, ValueError) as exc:
             raise Problem(400, "request.malformed-json", f"the body is not JSON: {exc}") from None
+        if not storable(body):
+            raise Problem(
+                400,
+                "request.unstorable-text",
+                "the body holds a NUL character (\\u0000) or an unpaired surrogate, "
+                "which cannot be stored",
+            )
+        return body
 
     async def visible_run(who: Caller, run_id: str) -> Row:
         """A run the caller may see: its own, or any for an operator."""
@@ -223,6 +232,10 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
         who = await caller()
         who.require("read")
         state, workflow = request.args.get("state"), request.args.get("workflow")
+        if not storable(workflow):
+            raise Problem(
+                400, "request.invalid-filter", "workflow holds text that cannot be stored"
+            )
         if state is not None and state not in STATES:
             raise Problem(
                 400, "request.invalid-filter", f"state must be one of {', '.join(STATES)}"
@@ -428,8 +441,6 @@ def _check_delivery(body: JSON, results: list[str]) -> None:
         value = body.get(name)
         if not isinstance(value, str) or not 1 <= len(value) <= limit:
             raise refuse(400, f"{name} must be a string of 1 to {limit} characters")
-    if holds_nul(body):
-        raise refuse(400, "the delivery holds a NUL character")
     if body["result"] not in results:
         raise refuse(
             422, f"unknown result {body['result']!r}; this product delivers: " + ", ".join(results)

@@ -31,6 +31,24 @@ def canonical_bytes(data: Any) -> bytes:
     return text.encode("utf-8")
 
 
+def storable(value: Any) -> bool:
+    """Whether JSON text can be kept in PostgreSQL: no NUL character (text and jsonb refuse
+    it) and no unpaired surrogate (not UTF-8)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return False
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(storable(k) and storable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(storable(v) for v in value)
+    return True
+
+
 def digest_of(data: bytes) -> str:
     """The content digest in the form operators pin: ``sha256:<hex>``."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
