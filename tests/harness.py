@@ -178,14 +178,20 @@ def migrate(config: Path) -> None:
 class Service:
     """A ``coordinator serve`` process and an HTTP client for it."""
 
-    def __init__(self, config: Path, log: Path, crash_at: str | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log: Path,
+        crash_at: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.config = config
         self.log = log
-        settings = json.loads(config.read_text())
-        self.url = f"http://127.0.0.1:{settings['listen']['port']}"
-        env = {"COORDINATOR_CRASH_AT": crash_at} if crash_at else {"COORDINATOR_CRASH_AT": ""}
+        port = json.loads(config.read_text())["listen"]["port"]
+        self.url = f"http://127.0.0.1:{port}"
+        environment = {"COORDINATOR_CRASH_AT": crash_at or "", **(env or {})}
         self._mark = log.stat().st_size if log.exists() else 0
-        self.process = coordinator_process(["serve", "--config", str(config)], log, env)
+        self.process = coordinator_process(["serve", "--config", str(config)], log, environment)
         self.http = httpx.Client(base_url=self.url, timeout=10)
 
     def wait_listening(self, timeout: float = 30) -> Service:

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import trio
 
-from . import __version__, store
+from . import __version__, logs, store
 from .authoring import Call, WaitFor
 from .config import ConnectionConfig
 from .database import Database
@@ -235,7 +235,7 @@ class Calls:
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
                 await self._settle(definition, run, reply)
         except store.LeaseLost:
-            log.warning("run %s: lost its lease before its call was recorded", run.id)
+            log.warning("lost the lease before the call was recorded", extra={"run": run.id})
         except trio.Cancelled:
             # Shutdown. A request that may have left is an uncertain outcome; one that
             # never left gives the run back untouched.
@@ -275,7 +275,7 @@ class Calls:
                     due = await store.release_wait(self.db, run, step, fetch.key, poll, since)
                     self.timer.scheduled((due - run.now()).total_seconds())
         except store.LeaseLost:
-            log.warning("run %s: lost its lease while reading its result", run.id)
+            log.warning("lost the lease while reading the result", extra={"run": run.id})
         except trio.Cancelled:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await store.release_wait(self.db, run, step, fetch.key, poll, since)
@@ -298,6 +298,7 @@ class Calls:
         )
         step = definition.step(run.step)
         self.metrics.committed(definition, step, committed.run.state, committed.outcome)
+        logs.transition(transition, run.id, run.step)
         if isinstance(transition, Advance):
             self.timer.runnable()
         elif isinstance(transition, Retry) and committed.due_at is not None:

