@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "json":
             print(json.dumps(answer, indent=2))
         print(f"coordinator: refused ({response.status_code} {code}): {detail}", file=sys.stderr)
-        return UNAVAILABLE if response.status_code >= 500 else REFUSED
+        # Held admission is an operator's refusal, not an outage, whatever its status.
+        unavailable = response.status_code >= 500 and code != "admission.held"
+        return UNAVAILABLE if unavailable else REFUSED
     if args.format == "json":
         print(json.dumps(answer, indent=2))
     else:
