@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from registry_coordinator.diagnostics import CODES
 from registry_coordinator.failures import FailureCode, HoldCode
+from registry_coordinator.problems import CODES as PROBLEMS
 
 from .harness import ROOT
 
 
 def test_every_diagnostic_failure_and_hold_code_is_documented() -> None:
     text = (ROOT / "docs" / "diagnostics.md").read_text()
-    for code in [*CODES, *(c.value for c in FailureCode), *(c.value for c in HoldCode)]:
+    codes = [*CODES, *PROBLEMS, *(c.value for c in FailureCode), *(c.value for c in HoldCode)]
+    for code in codes:
         assert f"| `{code}` |" in text, f"docs/diagnostics.md does not list {code}"
