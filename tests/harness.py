@@ -192,7 +192,7 @@ class Service:
         environment = {"COORDINATOR_CRASH_AT": crash_at or "", **(env or {})}
         self._mark = log.stat().st_size if log.exists() else 0
         self.process = coordinator_process(["serve", "--config", str(config)], log, environment)
-        self.http = httpx.Client(base_url=self.url, timeout=10)
+        self.http = httpx.Client(base_url=self.url, timeout=30)
 
     def wait_listening(self, timeout: float = 30) -> Service:
         deadline = time.monotonic() + timeout

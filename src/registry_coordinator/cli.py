@@ -119,8 +119,36 @@ def _parser() -> argparse.ArgumentParser:
 
     remote.add_arguments(commands)
 
-    demo = commands.add_parser("demo", help="walk the tutorial workflow")
+    demo = commands.add_parser("demo", help="run the tutorial end to end on this machine")
     demo.add_argument("--workflows", type=Path, default=Path("workflows"), metavar="DIR")
+    demo.add_argument(
+        "--data",
+        type=Path,
+        default=Path("var/demo"),
+        metavar="DIR",
+        help="where the demo keeps its database, files and logs (%(default)s)",
+    )
+    demo.add_argument(
+        "--interactive",
+        action="store_true",
+        help="wait for you to approve the review, with the command to do it",
+    )
+    demo.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave everything running afterwards, until Ctrl-C",
+    )
+
+    review = commands.add_parser(
+        "review", help="decide a review as the stand-in Casework's reviewer"
+    )
+    review.add_argument("request", help="the review request id, e.g. rev-1")
+    review.add_argument("decision", choices=["approved", "rejected", "changes_requested"])
+    review.add_argument(
+        "--casework", required=True, metavar="URL", help="the stand-in Casework's base URL"
+    )
+    review.add_argument("--reviewer", default="reviewer")
+    review.add_argument("--comment")
     return parser
 
 
@@ -139,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": remote.run,
         "admission": remote.run,
         "demo": _demo,
+        "review": _review,
     }[args.command]
     try:
         return handler(args)
@@ -467,31 +496,35 @@ def _logging() -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    tutorial = args.workflows / "review-application"
-    if not (tutorial / "workflow.yaml").is_file():
+    from .demo import main as demo
+
+    return demo(args.data, args.workflows, args.interactive, args.keep_running)
+
+
+def _review(args: argparse.Namespace) -> int:
+    import os
+
+    import httpx
+
+    token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
+    try:
+        response = httpx.post(
+            f"{args.casework}/v1/review-requests/{args.request}/decision",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"decision": args.decision, "reviewer": args.reviewer, "comment": args.comment},
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        print(f"coordinator review: {args.casework} is unavailable: {exc}", file=sys.stderr)
+        return UNAVAILABLE
+    if response.status_code != 200:
         print(
-            f"coordinator demo: {tutorial}/workflow.yaml not found; run it from the "
-            "project's directory or give --workflows DIR",
+            f"coordinator review: refused ({response.status_code}): {response.text}",
             file=sys.stderr,
         )
-        return USAGE
-    print(
-        "Registry Coordinator tutorial, offline part: the service, the stand-in products and\n"
-        "the live run are not built yet (engine, calls, wait-for and demo issues).\n"
-    )
-    report = _checked(tutorial)
-    assert report.definition is not None
-    print(f"1. check: {report.definition.id} version {report.definition.version} is valid")
-    print(_facts_text(_facts(report)))
-    print(
-        f"\n2. package: the artifact is {len(report.artifact or b'')} bytes, digest {report.digest}"
-    )
-    print("\n3. test: the scenarios run on a virtual clock")
-    test_args = argparse.Namespace(path=tutorial, scenarios=None, format="text")
-    result = _test(test_args)
-    print("\n4. graph (Mermaid):")
-    sys.stdout.write(mermaid(report.definition.workflow))
-    return result
+        return INVALID
+    print(f"review {args.request}: {args.decision}")
+    return OK
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import itertools
 import json
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -304,7 +305,7 @@ class StandIn:
     async def _deliver(self, result: str, key: str, delay: float) -> None:
         assert self.webhook is not None
         await trio.sleep(delay)
-        event = {"result": result, "key": key, "eventId": self.next_id("evt")}
+        event = {"result": result, "key": key, "eventId": f"evt-{uuid.uuid4()}"}
         body = json.dumps(event).encode()
         headers = {
             SIGNATURE_HEADER: sign(self.webhook.secret, int(time.time()), body),
