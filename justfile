@@ -8,7 +8,7 @@ bin := ".venv/bin"
 default:
     @just --list
 
-# Walk the tutorial workflow
+# The tutorial end to end: a real run, reviewed, approved and notified
 demo *args:
     {{bin}}/coordinator demo {{args}}
 
