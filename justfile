@@ -30,3 +30,7 @@ fmt:
 # Check and test every workflow under workflows/
 workflows:
     for w in workflows/*/; do {{bin}}/coordinator check "$w" && {{bin}}/coordinator test "$w"; done
+
+# Benchmarks (not part of the tests): just bench [throughput wake timers idle recovery]
+bench *args:
+    {{bin}}/python bench/run.py {{args}}

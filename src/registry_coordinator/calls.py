@@ -33,7 +33,6 @@ from .definition import Definition
 from .identity import Credentials, IdentityRefused, IdentityUnavailable, credentials
 from .metrics import Metrics
 from .steps import (
-    Advance,
     Fetch,
     Reply,
     ReplyKind,
@@ -165,6 +164,9 @@ class Calls:
     metrics: Metrics
 
     def __post_init__(self) -> None:
+        # How a run goes on after its call or read completes its step, still held: the
+        # engine sets this to its own step loop, so the run does not wait to be claimed.
+        self.proceed: Callable[[Definition, store.Claimed], Awaitable[None]] | None = None
         self._nursery: trio.Nursery | None = None
         self._in_flight = 0
         self._idle = trio.Event()
@@ -223,7 +225,9 @@ class Calls:
         sent = False
         try:
             async with product.limiter:
-                sealed = await store.sealed_request(self.db, run)
+                # A resend (an automatic retry, or an operator's retry-same) sends the bytes
+                # sealed on the first sending, never a rebuilt request.
+                sealed = await store.sealed_request(self.db, run) if run.attempt else None
                 request, url = sealed or (request, product.url(request.target))
                 run = await store.dispatch(self.db, run, request, url)
                 sent = True
@@ -233,7 +237,8 @@ class Calls:
                     product.config.name, run.step, _result_class(reply)
                 ).observe(trio.current_time() - started)
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
-                await self._settle(definition, run, reply)
+                committed = await self._settle(definition, run, reply)
+            await self._go_on(definition, committed)
         except store.LeaseLost:
             log.warning("lost the lease before the call was recorded", extra={"run": run.id})
         except trio.Cancelled:
@@ -264,16 +269,15 @@ class Calls:
                 reply = await product.send(request, product.url(request.target))
             with trio.CancelScope(shield=True):
                 advance = fetched(definition, run.step, reply)
+                committed = None
                 if advance is not None:
-                    committed = await store.commit(
-                        self.db, definition, run, advance, self.lease, keep_lease=False
-                    )
+                    committed = await store.commit(self.db, definition, run, advance, self.lease)
                     self.metrics.committed(definition, step, committed.run.state, committed.outcome)
                     self.metrics.resumed(step.connection, step.result_name, fetch.key)
-                    self.timer.runnable()
                 else:
                     due = await store.release_wait(self.db, run, step, fetch.key, poll, since)
                     self.timer.scheduled((due - run.now()).total_seconds())
+            await self._go_on(definition, committed)
         except store.LeaseLost:
             log.warning("lost the lease while reading the result", extra={"run": run.id})
         except trio.Cancelled:
@@ -281,7 +285,18 @@ class Calls:
                 await store.release_wait(self.db, run, step, fetch.key, poll, since)
             raise
 
-    async def _settle(self, definition: Definition, run: store.Claimed, reply: Reply) -> None:
+    async def _go_on(self, definition: Definition, committed: store.Committed | None) -> None:
+        """Take the run's next steps now if its call or read completed its step."""
+        if committed is None or not committed.held:
+            return
+        if self.proceed is not None:
+            await self.proceed(definition, committed.run)
+        else:
+            self.timer.runnable()
+
+    async def _settle(
+        self, definition: Definition, run: store.Claimed, reply: Reply
+    ) -> store.Committed:
         transition = settle(definition, run.step, reply, run.attempt, run.now())
         outcome = reply.kind.value if reply.kind is not ReplyKind.RESPONSE else "response"
         body = reply.body
@@ -293,16 +308,14 @@ class Calls:
             run,
             transition,
             self.lease,
-            keep_lease=False,
             settlement=store.Settlement(outcome, reply.status, body or None),
         )
         step = definition.step(run.step)
         self.metrics.committed(definition, step, committed.run.state, committed.outcome)
         logs.transition(transition, run.id, run.step)
-        if isinstance(transition, Advance):
-            self.timer.runnable()
-        elif isinstance(transition, Retry) and committed.due_at is not None:
+        if isinstance(transition, Retry) and committed.due_at is not None:
             self.timer.scheduled((committed.due_at - committed.run.now()).total_seconds())
+        return committed
 
 
 async def with_products(

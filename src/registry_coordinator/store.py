@@ -227,6 +227,7 @@ class Committed:
     run: Claimed  # the run as it stands now
     due_at: datetime | None  # when it next falls due, for the timer
     outcome: str | None = None  # the outcome, when the run finished
+    held: bool = False  # the holder still holds the run and should take its next step
 
 
 async def commit(
@@ -243,54 +244,40 @@ async def commit(
 ) -> Committed:
     """Apply one transition with its history event, atomically, as the run's holder.
 
-    An Advance keeps the lease (the worker goes straight on) unless ``keep_lease`` is
+    An Advance keeps the lease (the holder goes straight on) unless ``keep_lease`` is
     false, when the run is left due at once for any worker. A ``settlement`` records
-    a call's outcome in the same transaction; if an operator asked to cancel while
-    the call was in flight, the run is cancelled instead of going on. ``poll`` is how
+    a call's outcome in the same statement; if an operator asked to cancel while the
+    call was in flight, the run is cancelled instead of going on. ``poll`` is how
     often a run entering a wait-for reads its result if no delivery wakes it. ``now``
     is the instant the transition was decided at, which its history event records.
+    One statement does it all, but where a wait begins or ends: then the waits table
+    changes in the same transaction.
     """
     now = now or run.now()
+    if settlement is None and run.dispatched:
+        settlement = Settlement("interrupted")  # the holder stopped during the call
+    params, wait = _columns(definition, run, transition, lease, keep_lease, poll, now, settlement)
     async with db.connection() as conn:
-        if (
-            settlement is None
-            and not run.dispatched
-            and run.state != "waiting"
-            and not isinstance(transition, Await)
-        ):
-            params, wait = _columns(definition, run, transition, lease, keep_lease, poll, now)
-            if not await conn.row("transition", params):  # one statement: atomic by itself
-                raise LeaseLost(str(run.id))
-        else:
+        if run.state == "waiting" or wait is not None:
             async with conn.transaction():
-                locked = await conn.row("lock_run", {"id": run.id, "token": run.token})
-                if locked is None:
+                if not await conn.row("transition", params):
                     raise LeaseLost(str(run.id))
-                effective: Transition | Cancelled = transition
-                if locked["cancel_requested"]:
-                    effective = Cancelled(
-                        "cancelled by an operator while a call was in flight", transition
-                    )
-                params, wait = _columns(definition, run, effective, lease, keep_lease, poll, now)
-                settled = settlement or Settlement("interrupted")
-                await conn.execute(
-                    "settle_execution",
-                    {
-                        "id": run.id,
-                        "step": run.step,
-                        "now": params["now"],
-                        "status": settled.status,
-                        "response": settled.response,
-                        "outcome": settled.outcome,
-                    },
-                )
-                await conn.row("transition", params)
                 crash_point("mid-transition")
                 if run.state == "waiting":
                     await conn.execute("drop_wait", {"id": run.id})
                 if wait is not None:
                     await conn.execute("register_wait", wait)
                     await conn.execute("wake_if_delivered", wait)
+        elif not await conn.row("transition", params):
+            asked = await conn.row("cancel_requested", {"id": run.id, "token": run.token})
+            if settlement is None or asked is None or not asked["cancel_requested"]:
+                raise LeaseLost(str(run.id))
+            cancelled = Cancelled("cancelled by an operator while a call was in flight", transition)
+            params, _ = _columns(
+                definition, run, cancelled, lease, keep_lease, poll, now, settlement
+            )
+            if not await conn.row("transition", params):
+                raise LeaseLost(str(run.id))
     after = replace(
         run,
         seq=run.seq + 1,
@@ -300,9 +287,9 @@ async def commit(
         timer_at=params["timer_at"],
         dispatched=False,
         outputs={**run.outputs, **params["outputs"]},
-        completed={**run.completed, **dict.fromkeys(params["completed"], params["now"])},
+        completed={**run.completed, **dict.fromkeys(params["completed"], now)},
     )
-    return Committed(after, params["due_at"], params["outcome"])
+    return Committed(after, params["due_at"], params["outcome"], params["lease_token"] is not None)
 
 
 def _columns(
@@ -313,6 +300,7 @@ def _columns(
     keep_lease: bool,
     poll: timedelta | None,
     now: datetime,
+    settlement: Settlement | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The run's new columns and history event for a transition; and a wait to register."""
     step = run.step
@@ -337,6 +325,10 @@ def _columns(
         "hold_code": None,
         "detail": None,
         "ended_at": None,
+        "honour_cancel": not isinstance(transition, Cancelled),
+        "call_status": settlement.status if settlement else None,
+        "call_response": settlement.response if settlement else None,
+        "call_outcome": settlement.outcome if settlement else None,
     }
     wait: dict[str, Any] | None = None
     if isinstance(transition, Cancelled):

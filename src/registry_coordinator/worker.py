@@ -22,6 +22,7 @@ from . import logs, store
 from .calls import Calls
 from .config import EngineConfig
 from .database import Database, Unavailable
+from .definition import Definition
 from .faults import crash_point
 from .metrics import Metrics
 from .steps import Advance, Fetch, Send, on_due
@@ -50,6 +51,7 @@ class Engine:
         self.config = config
         self.metrics = metrics
         self.owner = uuid.uuid4().hex[:12]  # this process, as a lease holder
+        calls.proceed = self.advance
         self.stopping = False
         self.stopped = trio.Event()
 
@@ -89,7 +91,7 @@ class Engine:
                     await self.timer.idle()
                     continue
                 crash_point("after-claim")
-                await self._advance(run)
+                await self.advance(await self.workflows.by_digest(self.db, run.digest), run)
                 failures = 0
             except Unavailable as exc:
                 failures += 1
@@ -101,8 +103,8 @@ class Engine:
                 log.exception("worker: unexpected error")
                 await trio.sleep(1.0)
 
-    async def _advance(self, run: store.Claimed) -> None:
-        definition = await self.workflows.by_digest(self.db, run.digest)
+    async def advance(self, definition: Definition, run: store.Claimed) -> None:
+        """Take a held run's steps until it waits, ends, is held, or calls out."""
         while True:
             now = run.now()
             if self.stopping:

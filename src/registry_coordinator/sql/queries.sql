@@ -89,7 +89,10 @@ FROM runs WHERE due_at IS NOT NULL;
 -- name: transition
 -- Commit one transition and its history event, only while this claim still holds
 -- the run (its lease token): a run never moves twice from one state, and a holder
--- whose lease ran out, or whose run an operator cancelled, writes nothing.
+-- whose lease ran out, or whose run an operator cancelled, writes nothing. When the
+-- transition settles a call, the call's outcome is recorded by the same statement —
+-- unless an operator asked to cancel meanwhile (%(honour_cancel)s): then nothing is
+-- written and the holder commits the cancellation instead.
 WITH moved AS (
     UPDATE runs
     SET state = %(state)s, step = %(step)s, seq = seq + 1, attempt = %(attempt)s,
@@ -100,7 +103,14 @@ WITH moved AS (
         hold_code = %(hold_code)s, detail = %(detail)s, updated_at = %(now)s,
         ended_at = %(ended_at)s, dispatched_at = NULL, cancel_requested = false
     WHERE id = %(id)s AND lease_token = %(token)s
+      AND NOT (cancel_requested AND %(honour_cancel)s)
     RETURNING id, seq
+), settled AS (
+    UPDATE executions
+    SET settled_at = %(now)s, status = %(call_status)s, response = %(call_response)s,
+        outcome = %(call_outcome)s
+    WHERE %(call_outcome)s::text IS NOT NULL AND run_id IN (SELECT id FROM moved)
+      AND step = %(event_step)s AND settled_at IS NULL
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
 SELECT id, seq, %(now)s, %(kind)s, %(event_step)s, %(actor)s, %(event)s FROM moved
@@ -149,15 +159,10 @@ SELECT id, seq, %(now)s, 'call-dispatched', %(step)s, %(actor)s,
 FROM moved
 RETURNING seq;
 
--- name: lock_run
-SELECT cancel_requested FROM runs
-WHERE id = %(id)s AND lease_token = %(token)s
-FOR UPDATE;
-
--- name: settle_execution
-UPDATE executions
-SET settled_at = %(now)s, status = %(status)s, response = %(response)s, outcome = %(outcome)s
-WHERE run_id = %(id)s AND step = %(step)s AND settled_at IS NULL;
+-- name: cancel_requested
+-- Why a settling holder wrote nothing: an operator's cancellation (true), or its
+-- lease is gone (no row).
+SELECT cancel_requested FROM runs WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: admission_state
 SELECT held, reason, actor, at FROM admission;

