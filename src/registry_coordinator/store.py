@@ -250,20 +250,21 @@ async def commit(
     call was in flight, the run is cancelled instead of going on. ``poll`` is how
     often a run entering a wait-for reads its result if no delivery wakes it. ``now``
     is the instant the transition was decided at, which its history event records.
-    One statement does it all, but where a wait begins or ends: then the waits table
-    changes in the same transaction.
+    One statement does it all, but where a wait-for begins or ends: then the waits
+    table changes in the same transaction.
     """
     now = now or run.now()
     if settlement is None and run.dispatched:
         settlement = Settlement("interrupted")  # the holder stopped during the call
     params, wait = _columns(definition, run, transition, lease, keep_lease, poll, now, settlement)
+    leaves_wait = run.state == "waiting" and isinstance(definition.step(run.step), WaitFor)
     async with db.connection() as conn:
-        if run.state == "waiting" or wait is not None:
+        if leaves_wait or wait is not None:
             async with conn.transaction():
                 if not await conn.row("transition", params):
                     raise LeaseLost(str(run.id))
                 crash_point("mid-transition")
-                if run.state == "waiting":
+                if leaves_wait:
                     await conn.execute("drop_wait", {"id": run.id})
                 if wait is not None:
                     await conn.execute("register_wait", wait)
