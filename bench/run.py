@@ -65,8 +65,9 @@ def ms(value: float) -> str:
 
 
 @contextmanager
-def service(cluster: Cluster, directory: Path, workflows: list[str],
-            **options: Any) -> Iterator[tuple[Service, str]]:
+def service(
+    cluster: Cluster, directory: Path, workflows: list[str], **options: Any
+) -> Iterator[tuple[Service, str]]:
     dsn = cluster.create_database()
     config = write_config(directory, dsn, workflows, **options)
     migrate(config)
@@ -78,8 +79,7 @@ def service(cluster: Cluster, directory: Path, workflows: list[str],
             running.stop()
 
 
-def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float,
-               step: str) -> None:
+def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float, step: str) -> None:
     """Admit ``count`` runs in one statement, all due ``due_in`` seconds from now.
 
     Admission through the API is measured elsewhere; here the engine starts from a
@@ -102,9 +102,9 @@ def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float,
             INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
             SELECT id, 1, admitted_at, 'admitted', step, 'bench', '{{}}' FROM made
             """,
-            {"workflow": workflow, "count": count, "due": timedelta(seconds=due_in),
-             "step": step},
+            {"workflow": workflow, "count": count, "due": timedelta(seconds=due_in), "step": step},
         )
+        conn.execute("SELECT pg_notify('coordinator_wake', 'bench')")
 
 
 def wait_ended(dsn: str, count: int, timeout: float) -> None:
@@ -123,12 +123,24 @@ def wait_ended(dsn: str, count: int, timeout: float) -> None:
 
 def pgbench_tps(cluster: Cluster, clients: int, seconds: int = 10) -> float:
     dsn = cluster.create_database()
-    subprocess.run([str(PGBENCH), "-i", "-q", "-s", "10", dsn], check=True,
-                   capture_output=True)
+    subprocess.run([str(PGBENCH), "-i", "-q", "-s", "10", dsn], check=True, capture_output=True)
     result = subprocess.run(
-        [str(PGBENCH), "-b", "simple-update", "-c", str(clients), "-j", str(clients),
-         "-T", str(seconds), "-n", dsn],
-        check=True, capture_output=True, text=True,
+        [
+            str(PGBENCH),
+            "-b",
+            "simple-update",
+            "-c",
+            str(clients),
+            "-j",
+            str(clients),
+            "-T",
+            str(seconds),
+            "-n",
+            dsn,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     line = next(x for x in result.stdout.splitlines() if x.startswith("tps ="))
     return float(line.split()[2])
@@ -140,23 +152,35 @@ def throughput(cluster: Cluster, directory: Path, runs: int, workers: list[int])
     for count in workers:
         breg = free_port()
         connections = {"registry": connection("breg", breg, poolSize=max(4, count * 2))}
-        with stand_ins(directory / f"standins-{count}.log", {"breg": breg}), \
-                service(cluster, directory / f"w{count}", ["bench-four"], workers=count,
-                        connections=connections) as (_, dsn):
-            bulk_admit(dsn, "bench-four", runs,
-                       "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read")
+        with (
+            stand_ins(directory / f"standins-{count}.log", {"breg": breg}),
+            service(
+                cluster,
+                directory / f"w{count}",
+                ["bench-four"],
+                workers=count,
+                connections=connections,
+            ) as (_, dsn),
+        ):
+            bulk_admit(
+                dsn, "bench-four", runs, "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read"
+            )
             wait_ended(dsn, runs, 600)
             with sync_connection(dsn) as conn:
                 row = conn.execute(
                     "SELECT EXTRACT(EPOCH FROM max(ended_at) - min(admitted_at))::float8 - 2.0 "
                     "AS seconds, (SELECT count(*) FROM run_events WHERE kind <> 'admitted') "
-                    "AS steps FROM runs").fetchone()
+                    "AS steps FROM runs"
+                ).fetchone()
         assert row is not None
         seconds = row["seconds"]
         tps = pgbench_tps(cluster, count)
         steps = row["steps"] / seconds
-        print(f"  {count:>7}  {runs / seconds:>8.0f}  {steps:>8.0f}  {tps:>11.0f}  "
-              f"{steps / tps:>6.2f}", flush=True)
+        print(
+            f"  {count:>7}  {runs / seconds:>8.0f}  {steps:>8.0f}  {tps:>11.0f}  "
+            f"{steps / tps:>6.2f}",
+            flush=True,
+        )
 
 
 # --- wake latency -------------------------------------------------------------------------
@@ -164,20 +188,25 @@ def throughput(cluster: Cluster, directory: Path, runs: int, workers: list[int])
 
 def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
     casework = free_port()
-    reviews = connection("casework", casework, webhookSecret="env:STANDIN_WEBHOOK_SECRET",
-                         poolSize=16)
-    with stand_ins(directory / "standins.log", {"casework": casework}) as products, \
-            service(cluster, directory, ["await-review"], workers=4,
-                    connections={"reviews": reviews}) as (running, dsn):
+    reviews = connection(
+        "casework", casework, webhookSecret="env:STANDIN_WEBHOOK_SECRET", poolSize=16
+    )
+    with (
+        stand_ins(directory / "standins.log", {"casework": casework}) as products,
+        service(
+            cluster, directory, ["await-review"], workers=4, connections={"reviews": reviews}
+        ) as (running, dsn),
+    ):
         # Reviews exist and are decided at the stand-in; the runs wait for them.
         auth = {"Authorization": "Bearer test-token-1"}
         keys = []
         with httpx.Client(base_url=products.url("casework"), headers=auth) as client:
             for _ in range(waiting):
-                key = client.post("/v1/review-requests", json={
-                    "kind": "bench", "subject": {"type": "a", "id": "1"}}).json()["requestId"]
-                client.post(f"/v1/review-requests/{key}/decision",
-                            json={"decision": "approved"})
+                key = client.post(
+                    "/v1/review-requests",
+                    json={"kind": "bench", "subject": {"type": "a", "id": "1"}},
+                ).json()["requestId"]
+                client.post(f"/v1/review-requests/{key}/decision", json={"decision": "approved"})
                 keys.append(key)
         with sync_connection(dsn) as conn:
             conn.execute("CREATE TEMP TABLE bench_keys (n int, key text)")
@@ -202,8 +231,12 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
             )
         deadline = time.monotonic() + 300
         with sync_connection(dsn) as conn:
-            while conn.execute("SELECT count(*) AS n FROM runs WHERE state = 'waiting'"
-                               ).fetchone()["n"] < waiting:  # type: ignore[index]
+            while (
+                conn.execute("SELECT count(*) AS n FROM runs WHERE state = 'waiting'").fetchone()[
+                    "n"
+                ]
+                < waiting
+            ):  # type: ignore[index]
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
         # Deliver at a fixed rate; latency is read from the history afterwards.
@@ -215,10 +248,14 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
                 pause = target - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
-                raw = json.dumps({"result": "review-decision", "key": key,
-                                  "eventId": f"bench-{n}"}).encode()
-                client.post("/v1/results/reviews", content=raw, headers={
-                    SIGNATURE_HEADER: sign(WEBHOOK_SECRET, int(time.time()), raw)})
+                raw = json.dumps(
+                    {"result": "review-decision", "key": key, "eventId": f"bench-{n}"}
+                ).encode()
+                client.post(
+                    "/v1/results/reviews",
+                    content=raw,
+                    headers={SIGNATURE_HEADER: sign(WEBHOOK_SECRET, int(time.time()), raw)},
+                )
         wait_ended(dsn, waiting, 300)
         with sync_connection(dsn) as conn:
             rows = conn.execute(
@@ -233,12 +270,14 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
                 """
             ).fetchall()
     print(f"wake: {waiting} runs waiting; webhooks at {rate:.0f}/s (n={len(rows)})")
-    for label, column in (("webhook accepted -> wait completed (after reading Casework)",
-                           "resumed"),
-                          ("webhook accepted -> next step committed", "next")):
+    for label, column in (
+        ("webhook accepted -> wait completed (after reading Casework)", "resumed"),
+        ("webhook accepted -> next step committed", "next"),
+    ):
         figures = quantiles([r[column] for r in rows])
-        print(f"  {label}\n    " + "  ".join(f"{k} {ms(v)}" for k, v in figures.items()),
-              flush=True)
+        print(
+            f"  {label}\n    " + "  ".join(f"{k} {ms(v)}" for k, v in figures.items()), flush=True
+        )
 
 
 # --- timer lateness -----------------------------------------------------------------------
@@ -247,8 +286,10 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
 def timers(cluster: Cluster, directory: Path, count: int) -> None:
     print(f"timers: {count} wait-untils; lateness = step committed - instant due")
     for name, spread in (("same second", 0.0), ("over a minute", 60.0)):
-        with service(cluster, directory / name.replace(" ", "-"), ["timed-choice"],
-                     workers=4) as (_, dsn):
+        with service(cluster, directory / name.replace(" ", "-"), ["timed-choice"], workers=4) as (
+            _,
+            dsn,
+        ):
             with sync_connection(dsn) as conn:
                 conn.execute(
                     """
@@ -276,10 +317,10 @@ def timers(cluster: Cluster, directory: Path, count: int) -> None:
                 rows = conn.execute(
                     "SELECT EXTRACT(EPOCH FROM e.at - r.admitted_at)::float8 - 2.0 AS late "
                     "FROM run_events e JOIN runs r ON r.id = e.run_id "
-                    "WHERE e.kind = 'step-completed' AND e.step = 'pause'").fetchall()
+                    "WHERE e.kind = 'step-completed' AND e.step = 'pause'"
+                ).fetchall()
         figures = quantiles([r["late"] for r in rows])
-        print(f"  {name:<14}" + "  ".join(f"{k} {ms(v)}" for k, v in figures.items()),
-              flush=True)
+        print(f"  {name:<14}" + "  ".join(f"{k} {ms(v)}" for k, v in figures.items()), flush=True)
 
 
 # --- idle scale -----------------------------------------------------------------------------
@@ -290,8 +331,9 @@ def idle(cluster: Cluster, directory: Path, sizes: list[int], seconds: float) ->
     print(f"  {'waiting':>8}  {'RSS MB':>7}  {'CPU %':>6}  {'start->ready s':>14}")
     for size in sizes:
         dsn = cluster.create_database()
-        config = write_config(directory / f"idle-{size}", dsn, ["timed-choice"], workers=4,
-                              sweep="PT30S")
+        config = write_config(
+            directory / f"idle-{size}", dsn, ["timed-choice"], workers=4, sweep="PT30S"
+        )
         migrate(config)
         first = Service(config, directory / f"idle-{size}.log").wait_listening(60)
         first.stop()
@@ -333,8 +375,7 @@ def idle(cluster: Cluster, directory: Path, sizes: list[int], seconds: float) ->
         used = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
         rss = process.memory_info().rss / 1e6
         running.stop()
-        print(f"  {size:>8}  {rss:>7.1f}  {100 * used / seconds:>6.2f}  {ready:>14.2f}",
-              flush=True)
+        print(f"  {size:>8}  {rss:>7.1f}  {100 * used / seconds:>6.2f}  {ready:>14.2f}", flush=True)
 
 
 # --- recovery -----------------------------------------------------------------------------
@@ -345,19 +386,25 @@ def recovery(cluster: Cluster, directory: Path, count: int) -> None:
     connections = {"registry": connection("breg", breg, poolSize=16)}
     with stand_ins(directory / "standins.log", {"breg": breg}):
         dsn = cluster.create_database()
-        config = write_config(directory, dsn, ["bench-four"], workers=4, lease="PT5S",
-                              connections=connections)
+        config = write_config(
+            directory, dsn, ["bench-four"], workers=4, lease="PT5S", connections=connections
+        )
         migrate(config)
         first = Service(config, directory / "service.log").wait_listening(60)
-        bulk_admit(dsn, "bench-four", count, "jsonb_build_object('recordId', 'app-' || n)",
-                   0.0, "read")
-        time.sleep(0.3)
+        bulk_admit(
+            dsn, "bench-four", count, "jsonb_build_object('recordId', 'app-' || n)", 0.0, "read"
+        )
+        time.sleep(1.0)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
         killed = time.monotonic()
         with sync_connection(dsn) as conn:
-            left = conn.execute("SELECT count(*) AS n FROM runs WHERE ended_at IS NULL "
-                                "AND state <> 'held'").fetchone()
+            left = conn.execute(
+                "SELECT count(*) FILTER (WHERE ended_at IS NULL) AS n, "
+                "count(*) FILTER (WHERE lease_owner IS NOT NULL) AS leased, "
+                "count(*) FILTER (WHERE dispatched_at IS NOT NULL) AS dispatched FROM runs"
+            ).fetchone()
+        assert left is not None
         second = Service(config, directory / "service.log")
         while True:
             try:
@@ -372,17 +419,24 @@ def recovery(cluster: Cluster, directory: Path, count: int) -> None:
             while True:
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE ended_at IS NULL AND state <> 'held') AS open,"
-                    " count(*) FILTER (WHERE state = 'held') AS held FROM runs").fetchone()
+                    " count(*) FILTER (WHERE state = 'held') AS held FROM runs"
+                ).fetchone()
                 assert row is not None
                 if row["open"] == 0 or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
         resumed = time.monotonic() - killed
         second.stop()
-    print(f"recovery: SIGKILL with {count} runs admitted, {left['n'] if left else '?'} still "
-          f"in flight; lease PT5S")
-    print(f"  restart -> ready {ready:.2f} s; every runnable run ended {resumed:.2f} s after "
-          f"the kill; held for an operator (killed mid-mutation): {row['held']}", flush=True)
+    print(
+        f"recovery: SIGKILL 1 s after {count} runs fell due: {left['n']} unfinished, "
+        f"{left['leased']} held by the killed process, {left['dispatched']} with a call "
+        "dispatched; lease PT5S"
+    )
+    print(
+        f"  restart -> ready {ready:.2f} s; every runnable run ended {resumed:.2f} s after "
+        f"the kill; held for an operator (killed mid-mutation): {row['held']}",
+        flush=True,
+    )
 
 
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
@@ -395,10 +449,15 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}",
+    )
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--waiting", type=int, default=2000)

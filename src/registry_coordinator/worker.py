@@ -90,6 +90,9 @@ class Engine:
                 if run is None:
                     await self.timer.idle()
                     continue
+                # There may be more where this came from: pass the wake-up on to an idle
+                # worker, so a burst spreads over all of them without waking them all at once.
+                self.timer.runnable()
                 crash_point("after-claim")
                 await self.advance(await self.workflows.by_digest(self.db, run.digest), run)
                 failures = 0
