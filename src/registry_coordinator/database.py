@@ -100,10 +100,13 @@ class Connection:
     async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run a named query (or literal SQL) and return its rows, if it has any."""
         sql = QUERIES.get(query, query)
-        cursor = await aio(self.raw.execute)(sql, _adapt(params))
-        if cursor.description is None:
-            return []
-        return await aio(cursor.fetchall)()
+        try:
+            cursor = await aio(self.raw.execute)(sql, _adapt(params))
+            if cursor.description is None:
+                return []
+            return await aio(cursor.fetchall)()
+        except psycopg.OperationalError as exc:
+            raise Unavailable(_first_line(exc)) from None
 
     async def row(self, query: str, params: Mapping[str, Any] | None = None) -> Row | None:
         found = await self.rows(query, params)
@@ -112,20 +115,26 @@ class Connection:
     async def execute(self, query: str, params: Mapping[str, Any] | None = None) -> int:
         """Run a statement; returns the number of rows it touched."""
         sql = QUERIES.get(query, query)
-        cursor = await aio(self.raw.execute)(sql, _adapt(params))
+        try:
+            cursor = await aio(self.raw.execute)(sql, _adapt(params))
+        except psycopg.OperationalError as exc:
+            raise Unavailable(_first_line(exc)) from None
         return cursor.rowcount
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        async with aio_context(self.raw.transaction()):
-            yield self
+        try:
+            async with aio_context(self.raw.transaction()):
+                yield self
+        except psycopg.OperationalError as exc:
+            raise Unavailable(_first_line(exc)) from None
 
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Dicts and lists are sent as jsonb; everything else as psycopg adapts it."""
+    """Dicts are sent as jsonb (lists stay arrays); everything else as psycopg adapts it."""
     if params is None:
         return None
-    return {k: Jsonb(v) if isinstance(v, dict | list) else v for k, v in params.items()}
+    return {k: Jsonb(v) if isinstance(v, dict) else v for k, v in params.items()}
 
 
 class Database:

@@ -26,6 +26,7 @@ import trio_asyncio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from . import store
 from .api import Context, create_app
 from .auth import Authenticator
 from .calls import Calls, Product, with_products
@@ -94,8 +95,9 @@ async def _supervise(
     """The nursery: timer, listener, call pools, engine workers, lease keeper, HTTP."""
     metrics = Metrics()
     timer = Timer(db, config.engine.sweep_interval)
-    calls = Calls(db, products, timer, config.engine.lease, metrics)
-    engine = Engine(db, workflows, timer, calls, config.engine, metrics)
+    holdings = store.Holdings()
+    calls = Calls(db, products, timer, config.engine.lease, metrics, holdings)
+    engine = Engine(db, workflows, timer, calls, config.engine, metrics, holdings)
     listener = Listener(db, timer)
     auth = Authenticator(config.auth, client)
     context = Context(db, workflows, timer, products, listener, auth, metrics)

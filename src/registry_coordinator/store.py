@@ -9,6 +9,9 @@ read, so no transition is ever applied twice and none is half-applied.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -177,8 +180,35 @@ async def release(db: Database, run: Claimed, due_at: datetime | None) -> None:
     await db.execute("release_run", {"id": run.id, "token": run.token, "due_at": due_at})
 
 
-async def extend_leases(db: Database, owner: str, lease: timedelta) -> int:
-    return await db.execute("extend_leases", {"owner": owner, "lease": lease})
+async def extend_leases(db: Database, tokens: list[uuid.UUID], lease: timedelta) -> int:
+    return await db.execute("extend_leases", {"tokens": tokens, "lease": lease})
+
+
+class Holdings:
+    """The claims this process is working on, counted: a worker and the call task it
+    hands a run to may hold one claim at once. The lease keeper extends these only."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[uuid.UUID] = Counter()
+
+    def take(self, token: uuid.UUID) -> None:
+        self._counts[token] += 1
+
+    def let_go(self, token: uuid.UUID) -> None:
+        self._counts[token] -= 1
+        if self._counts[token] <= 0:
+            del self._counts[token]
+
+    @contextmanager
+    def holding(self, token: uuid.UUID) -> Iterator[None]:
+        self.take(token)
+        try:
+            yield
+        finally:
+            self.let_go(token)
+
+    def tokens(self) -> list[uuid.UUID]:
+        return list(self._counts)
 
 
 class LeaseLost(Exception):

@@ -43,6 +43,7 @@ class Engine:
         calls: Calls,
         config: EngineConfig,
         metrics: Metrics,
+        holdings: store.Holdings,
     ) -> None:
         self.db = db
         self.workflows = workflows
@@ -50,6 +51,7 @@ class Engine:
         self.calls = calls
         self.config = config
         self.metrics = metrics
+        self.holdings = holdings
         self.owner = uuid.uuid4().hex[:12]  # this process, as a lease holder
         calls.proceed = self.advance
         self.stopping = False
@@ -72,13 +74,17 @@ class Engine:
     async def keep_leases(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Extend this process's leases well before they run out, for as long as it lives."""
+        """Extend the leases of the claims this process is working on, well before they
+        run out, for as long as it lives."""
         task_status.started()
         period = self.config.lease.total_seconds() / 3
         while True:
             await trio.sleep(period)
+            tokens = self.holdings.tokens()
+            if not tokens:
+                continue
             try:
-                await store.extend_leases(self.db, self.owner, self.config.lease)
+                await store.extend_leases(self.db, tokens, self.config.lease)
             except Unavailable as exc:
                 log.warning("could not extend leases: %s", exc)
 
@@ -94,7 +100,9 @@ class Engine:
                 # worker, so a burst spreads over all of them without waking them all at once.
                 self.timer.runnable()
                 crash_point("after-claim")
-                await self.advance(await self.workflows.by_digest(self.db, run.digest), run)
+                with self.holdings.holding(run.token):
+                    definition = await self.workflows.by_digest(self.db, run.digest)
+                    await self.advance(definition, run)
                 failures = 0
             except Unavailable as exc:
                 failures += 1

@@ -129,10 +129,11 @@ VALUES (%(id)s, %(step)s, %(connection)s, %(result)s, %(key)s, %(now)s, %(timeou
 DELETE FROM waits WHERE run_id = %(id)s;
 
 -- name: extend_leases
--- The lease keeper: this process still holds these runs (their calls are queued or
--- in flight). A process that dies stops extending, and its runs fall due.
+-- The lease keeper: this process is still working on these claims (their calls are
+-- queued or in flight). A process that dies, or a task that gives up on a claim,
+-- stops extending it, and the run falls due when the lease runs out.
 UPDATE runs SET due_at = clock_timestamp() + %(lease)s
-WHERE lease_owner = %(owner)s;
+WHERE lease_token = ANY(%(tokens)s::uuid[]);
 
 -- name: sealed_request
 -- The request a call step sealed on its first sending; every later one is identical.

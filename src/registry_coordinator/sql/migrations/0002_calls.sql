@@ -12,9 +12,9 @@ ALTER TABLE runs ADD COLUMN lease_token uuid;
 -- once that call settles.
 ALTER TABLE runs ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false;
 
--- Runs a process holds, for its lease keeper to extend while calls are queued or
--- in flight.
-CREATE INDEX runs_leased ON runs (lease_owner) WHERE lease_owner IS NOT NULL;
+-- The claims a process is working on, for its lease keeper to extend while their
+-- calls are queued or in flight.
+CREATE INDEX runs_leased ON runs (lease_token) WHERE lease_token IS NOT NULL;
 
 CREATE TABLE admission (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
