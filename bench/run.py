@@ -79,6 +79,17 @@ def service(
             running.stop()
 
 
+def wait_ready(running: Service) -> None:
+    """Until the service answers /ready with 200, polled every 10 ms to time its startup."""
+    while True:
+        try:
+            if running.http.get("/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.01)
+
+
 def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float, step: str) -> None:
     """Admit ``count`` runs in one statement, all due ``due_in`` seconds from now.
 
@@ -359,13 +370,7 @@ def idle(cluster: Cluster, directory: Path, sizes: list[int], seconds: float) ->
             conn.execute("VACUUM ANALYZE runs")
         started = time.monotonic()
         running = Service(config, directory / f"idle-{size}.log")
-        while True:
-            try:
-                if running.http.get("/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.01)
+        wait_ready(running)
         ready = time.monotonic() - started
         process = psutil.Process(running.process.pid)
         time.sleep(2)
@@ -406,13 +411,7 @@ def recovery(cluster: Cluster, directory: Path, count: int) -> None:
             ).fetchone()
         assert left is not None
         second = Service(config, directory / "service.log")
-        while True:
-            try:
-                if second.http.get("/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.01)
+        wait_ready(second)
         ready = time.monotonic() - killed
         deadline = time.monotonic() + 600
         with sync_connection(dsn) as conn:
