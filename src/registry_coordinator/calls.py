@@ -295,10 +295,8 @@ class Calls:
         """Take the run's next steps now if its call or read completed its step."""
         if committed is None or not committed.held:
             return
-        if self.proceed is not None:
-            await self.proceed(definition, committed.run)
-        else:
-            self.timer.runnable()
+        assert self.proceed is not None, "the engine sets proceed when it is built"
+        await self.proceed(definition, committed.run)
 
     async def _settle_persistently(
         self, definition: Definition, run: store.Claimed, reply: Reply
