@@ -328,7 +328,8 @@ def to_text(value: Any) -> str:
 def format_instant(value: datetime) -> str:
     """RFC 3339 in UTC with a Z, milliseconds only when present."""
     value = value.astimezone(UTC)
-    text = value.strftime("%Y-%m-%dT%H:%M:%S")
+    # Not strftime: its %Y does not pad years before 1000 to the four digits RFC 3339 needs.
+    text = value.replace(tzinfo=None, microsecond=0).isoformat()
     if value.microsecond:
         text += f".{value.microsecond:06d}".rstrip("0")
     return text + "Z"
