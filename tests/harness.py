@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -427,6 +428,36 @@ def events(dsn: str, run_id: str) -> list[dict[str, Any]]:
                 "ORDER BY seq",
                 (run_id,),
             ).fetchall()
+        )
+
+
+def put_to_sleep(
+    dsn: str, count: int, ahead: timedelta, spread: timedelta, *, unbatched_every: int = 0
+) -> None:
+    """``count`` timed-choice runs asleep at its wait-until ``pause``, written straight
+    into the database (admitting them one by one would spread them out): due ``ahead``
+    from now, spread evenly over ``spread`` in 1,000 slots. Every ``unbatched_every``th
+    run fell asleep as under schema 4, without ``wakes_to``, for a worker to wake."""
+    with sync_connection(dsn) as conn:
+        conn.execute(
+            """
+            WITH made AS (
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                                  input, state, step, seq, timer_at, wakes_to, due_at,
+                                  admitted_at, deadline_at, updated_at)
+                SELECT gen_random_uuid(), d.digest, d.workflow_id, 'sleeper', 'k' || n, 'x',
+                       '{"answer": "no"}', 'waiting', 'pause', 2, t.due,
+                       CASE WHEN %(every)s = 0 OR n %% %(every)s <> 0 THEN 'route' END, t.due,
+                       t.due - interval '2 s', t.due + interval '1 hour', now()
+                FROM definitions d, generate_series(1, %(count)s) AS n,
+                     LATERAL (SELECT now() + %(ahead)s + (n %% 1000) * %(spread)s / 1000 AS due) t
+                WHERE d.workflow_id = 'timed-choice'
+                RETURNING id, admitted_at
+            )
+            INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+            SELECT id, 1, admitted_at, 'admitted', 'pause', 'sleeper', '{}' FROM made
+            """,
+            {"count": count, "ahead": ahead, "spread": spread, "every": unbatched_every},
         )
 
 

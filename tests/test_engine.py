@@ -268,14 +268,17 @@ def test_claiming_and_timing_stay_index_scans_with_many_runs(dsn: str, tmp_path:
     with running(config, tmp_path / "service.log") as service:
         service.start_run("timed-choice", {"answer": "no"})
     with sync_connection(dsn) as conn:
-        # 200,000 ended runs and 2,000 waiting ones beside the one real run.
+        # 200,000 ended runs and 2,000 waiting ones (half of them asleep at a wait-until)
+        # beside the one real run.
         conn.execute(
             """
             INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest, input,
-                              state, step, seq, due_at, admitted_at, deadline_at, updated_at,
-                              ended_at)
+                              state, step, seq, timer_at, wakes_to, due_at, admitted_at,
+                              deadline_at, updated_at, ended_at)
             SELECT gen_random_uuid(), digest, workflow_id, 'bulk', 'k' || n, 'x', '{}',
                    CASE WHEN n <= 2000 THEN 'waiting' ELSE 'finished' END, step, 1,
+                   CASE WHEN n <= 1000 THEN now() + interval '1 day' END,
+                   CASE WHEN n <= 1000 THEN 'route' END,
                    CASE WHEN n <= 2000 THEN now() + interval '1 day' END,
                    now(), now() + interval '2 days', now(),
                    CASE WHEN n > 2000 THEN now() END
@@ -283,13 +286,16 @@ def test_claiming_and_timing_stay_index_scans_with_many_runs(dsn: str, tmp_path:
             """
         )
         conn.execute("ANALYZE runs")
-        for query in ("claim_run", "next_due"):
-            sql = QUERIES[query]
-            params = {"owner": "x", "lease": timedelta(seconds=5)} if query == "claim_run" else {}
+        for query, params, indexes in (
+            ("claim_run", {"owner": "x", "lease": timedelta(seconds=5)}, ["runs_due"]),
+            ("next_due", {}, ["runs_due", "runs_sleeping"]),
+            ("wake_sleepers", {"actor": "x", "limit": 500}, ["runs_sleeping"]),
+        ):
             plan = "\n".join(
-                row["QUERY PLAN"] for row in conn.execute("EXPLAIN " + sql, params).fetchall()
+                row["QUERY PLAN"]
+                for row in conn.execute("EXPLAIN " + QUERIES[query], params).fetchall()
             )
-            assert "runs_due" in plan, plan
+            assert all(index in plan for index in indexes), plan
             assert "Seq Scan on runs" not in plan, plan
 
 

@@ -92,6 +92,12 @@ class Metrics:
         if state in ("finished", "failed", "expired", "cancelled"):
             self.runs_ended.labels(definition.id, state, outcome or "").inc()
 
+    def woke(self, lateness: list[float]) -> None:
+        """The timer took wait-untils on to their next step, each this many seconds late."""
+        self.transitions.labels("wait-until").inc(len(lateness))
+        for seconds in lateness:
+            self.timer_lateness.observe(seconds)
+
     def delivered(self, connection: str, result: str, key: str) -> None:
         """A webhook woke a run: remember when, to time the resume."""
         self._pending[(connection, result, key)] = time.monotonic()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -94,10 +95,11 @@ async def _supervise(
 ) -> None:
     """The nursery: timer, listener, call pools, engine workers, lease keeper, HTTP."""
     metrics = Metrics()
-    timer = Timer(db, config.engine.sweep_interval)
+    owner = uuid.uuid4().hex[:12]  # this process, as a lease holder and in the history
+    timer = Timer(db, config.engine.sweep_interval, store.actor(owner), metrics)
     holdings = store.Holdings()
     calls = Calls(db, products, timer, config.engine.lease, metrics, holdings)
-    engine = Engine(db, workflows, timer, calls, config.engine, metrics, holdings)
+    engine = Engine(db, workflows, timer, calls, config.engine, metrics, holdings, owner)
     listener = Listener(db, timer)
     auth = Authenticator(config.auth, client)
     context = Context(db, workflows, timer, products, listener, auth, metrics)

@@ -37,6 +37,7 @@ from .steps import (
     RunRecord,
     Sleep,
     Transition,
+    woke,
 )
 
 JSON = Any
@@ -162,7 +163,12 @@ class Claimed:
 
     @property
     def actor(self) -> str:
-        return "coordinator:" + self.owner
+        return actor(self.owner)
+
+
+def actor(owner: str) -> str:
+    """How a process's transitions are recorded in the history: ``coordinator:<owner>``."""
+    return "coordinator:" + owner
 
 
 async def claim(db: Database, owner: str, lease: timedelta) -> Claimed | None:
@@ -170,10 +176,25 @@ async def claim(db: Database, owner: str, lease: timedelta) -> Claimed | None:
     return Claimed.from_row(row) if row else None
 
 
-async def next_due(db: Database) -> float | None:
-    """Seconds until the earliest due run (zero or less: due now); ``None`` when none is."""
+@dataclass(frozen=True)
+class NextDue:
+    """Seconds until work falls due (zero or less: due now; ``None``: nothing is)."""
+
+    work: float | None  # the earliest due run of any kind, for a worker
+    sleeper: float | None  # the earliest wait-until the timer wakes itself
+
+
+async def next_due(db: Database) -> NextDue:
     row = await db.row("next_due")
-    return None if row is None or row["seconds"] is None else float(row["seconds"])
+    assert row is not None
+    return NextDue(row["seconds"], row["sleeper_seconds"])
+
+
+async def wake_sleepers(db: Database, actor: str, limit: int) -> list[float]:
+    """Take every due wait-until (up to ``limit``) on to its next step in one statement;
+    returns how late each was, in seconds."""
+    rows = await db.rows("wake_sleepers", {"actor": actor, "limit": limit})
+    return [row["lateness"] for row in rows]
 
 
 async def release(db: Database, run: Claimed, due_at: datetime | None) -> None:
@@ -345,6 +366,7 @@ def _columns(
         "state": "running",
         "attempt": 0,
         "timer_at": None,
+        "wakes_to": None,
         "due_at": None,
         "lease_owner": None,
         "lease_token": None,
@@ -420,6 +442,7 @@ def _columns(
         params.update(
             state="waiting",
             timer_at=transition.until,
+            wakes_to=woke(definition, step).next,  # for the timer's batches (wake_sleepers)
             due_at=min(transition.until, run.deadline_at),
             kind="waiting",
             event={"until": format_instant(transition.until)},

@@ -1,29 +1,47 @@
-"""The timer service: sleeps until the earliest due run, then wakes idle workers.
+"""The timer service: wakes wait-untils when their instant comes, and idle workers
+when other work falls due.
 
-It holds one number — the instant the next run falls due — never the waiting
-runs themselves, which live only in PostgreSQL. It asks the database again when
-something earlier is scheduled, when a worker runs out of work, or after the
-sweep interval (the safety net for work another process scheduled).
+It holds two numbers — when the next wait-until falls due, and when any run does —
+never the waiting runs themselves, which live only in PostgreSQL. Wait-untils it
+takes on to their next step itself, many in one statement (``store.wake_sleepers``),
+so a burst of them falling due in the same second is on time however busy the
+workers are; then it wakes the workers to go on with those runs. Other due work
+(a wait-for's timeout, a call's retry, a deadline, a lapsed lease) is a worker's
+to take: the timer only wakes idle workers for it. It asks the database again when
+something earlier is scheduled, when a worker runs out of work, or after the sweep
+interval (the safety net for work another process scheduled).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import timedelta
 
 import trio
 
 from . import store
-from .database import Database
+from .database import Database, Unavailable
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+#: Wait-untils woken per statement: large enough that a burst costs a few statements,
+#: small enough that one statement holds its row locks only briefly.
+BATCH = 500
+#: How soon to look again at a wait-until that was due but not woken (a worker or an
+#: operator held it for that moment): soon, without spinning.
+RECHECK = 0.01
 
 
 class Timer:
-    def __init__(self, db: Database, sweep: timedelta) -> None:
+    def __init__(self, db: Database, sweep: timedelta, actor: str, metrics: Metrics) -> None:
         self.db = db
         self.sweep = sweep.total_seconds()
+        self.actor = actor  # recorded on the history events of the wait-untils it wakes
+        self.metrics = metrics
         self._idle = trio.lowlevel.ParkingLot()
         self._changed = trio.Event()
-        self._target = math.inf  # trio time of the earliest due run we know of
+        self._target = math.inf  # trio time the timer next looks at the database
         self._closed = False
 
     def scheduled(self, seconds: float) -> None:
@@ -54,20 +72,42 @@ class Timer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        failures = 0
         while True:
             self._changed = trio.Event()
-            if not self._idle.statistics().tasks_waiting:
-                # Every worker is busy and will claim again when done: nothing to time.
-                self._target = math.inf
-                await self._changed.wait()
-                continue
-            seconds = await store.next_due(self.db)
-            if seconds is not None and seconds <= 0:
-                self._target = math.inf
-                self._idle.unpark_all()
-                await self._changed.wait()
-                continue
-            delay = self.sweep if seconds is None else min(seconds, self.sweep)
+            try:
+                delay = await self._tick()
+                failures = 0
+            except Unavailable as exc:
+                failures += 1
+                log.warning("timer: database unavailable: %s", exc)
+                delay = min(30.0, 0.5 * 2**failures)
             self._target = trio.current_time() + delay
             with trio.move_on_at(self._target):
                 await self._changed.wait()
+
+    async def _tick(self) -> float:
+        """Wake what is due; return how long until the timer must look again."""
+        due = await store.next_due(self.db)
+        if due.sleeper is not None and due.sleeper <= 0:
+            woken = 0
+            while not self._closed:
+                lateness = await store.wake_sleepers(self.db, self.actor, BATCH)
+                self.metrics.woke(lateness)
+                woken += len(lateness)
+                if len(lateness) < BATCH:
+                    break
+            if woken:
+                self._idle.unpark_all()  # the woken runs are due at once
+                due = await store.next_due(self.db)
+        delays = [self.sweep]
+        if due.sleeper is not None:
+            delays.append(max(due.sleeper, RECHECK))
+        if due.work is not None and self._idle.statistics().tasks_waiting:
+            if due.work <= 0:
+                # Idle workers claim until they run out, then park again, which makes
+                # the timer look again: nothing to time for them meanwhile.
+                self._idle.unpark_all()
+            else:
+                delays.append(due.work)
+        return min(delays)

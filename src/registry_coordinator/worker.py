@@ -13,7 +13,6 @@ again from their last committed step.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime, timedelta
 
 import trio
@@ -44,6 +43,7 @@ class Engine:
         config: EngineConfig,
         metrics: Metrics,
         holdings: store.Holdings,
+        owner: str,
     ) -> None:
         self.db = db
         self.workflows = workflows
@@ -52,7 +52,7 @@ class Engine:
         self.config = config
         self.metrics = metrics
         self.holdings = holdings
-        self.owner = uuid.uuid4().hex[:12]  # this process, as a lease holder
+        self.owner = owner  # this process, as a lease holder
         calls.proceed = self.advance
         self.stopping = False
         self.stopped = trio.Event()

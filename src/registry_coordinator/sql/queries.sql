@@ -82,9 +82,48 @@ RETURNING r.id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at
           r.lease_token, r.dispatched_at, clock_timestamp() AS now;
 
 -- name: next_due
--- Seconds until the earliest due run (negative when overdue), NULL when none.
-SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8 AS seconds
-FROM runs WHERE due_at IS NOT NULL;
+-- Seconds until the earliest due run, and until the earliest wait-until the timer
+-- wakes itself (wake_sleepers; negative when overdue, NULL when there is none).
+SELECT (SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8
+        FROM runs WHERE due_at IS NOT NULL) AS seconds,
+       (SELECT EXTRACT(EPOCH FROM (min(timer_at) - clock_timestamp()))::float8
+        FROM runs
+        WHERE wakes_to IS NOT NULL AND state = 'waiting' AND lease_token IS NULL
+          AND NOT cancel_requested AND deadline_at > greatest(timer_at, clock_timestamp())
+       ) AS sleeper_seconds;
+
+-- name: wake_sleepers
+-- The timer service: wait-untils whose instant has come go on to their next step,
+-- many in one statement. Each is exactly the transition a worker would commit for
+-- it alone (steps.woke, store.commit): the step completed along `next`, the run due
+-- at once for any worker. Runs a worker holds are skipped (it wakes them itself), as
+-- are runs past their deadline (a worker expires them) and, oldest first, all but
+-- %(limit)s runs.
+WITH clock AS (
+    SELECT clock_timestamp() AS now
+), due AS (
+    SELECT r.id, r.step, r.timer_at FROM runs r, clock
+    WHERE r.wakes_to IS NOT NULL AND r.timer_at <= clock.now AND r.state = 'waiting'
+      AND r.lease_token IS NULL AND NOT r.cancel_requested AND r.deadline_at > clock.now
+    ORDER BY r.timer_at
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+), moved AS (
+    UPDATE runs r
+    SET state = 'running', step = r.wakes_to, wakes_to = NULL, seq = r.seq + 1, attempt = 0,
+        timer_at = NULL, due_at = clock.now, updated_at = clock.now,
+        completed = r.completed || jsonb_build_object(due.step, rfc3339(clock.now))
+    FROM due, clock
+    WHERE r.id = due.id
+    RETURNING r.id, r.seq, due.step AS woke_from, r.step AS next_step, clock.now,
+              EXTRACT(EPOCH FROM (clock.now - due.timer_at))::float8 AS lateness
+), evented AS (
+    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+    SELECT id, seq, now, 'step-completed', woke_from, %(actor)s,
+           jsonb_build_object('via', 'next', 'next', next_step)
+    FROM moved
+)
+SELECT lateness FROM moved;
 
 -- name: transition
 -- Commit one transition and its history event, only while this claim still holds
@@ -96,8 +135,8 @@ FROM runs WHERE due_at IS NOT NULL;
 WITH moved AS (
     UPDATE runs
     SET state = %(state)s, step = %(step)s, seq = seq + 1, attempt = %(attempt)s,
-        timer_at = %(timer_at)s, due_at = %(due_at)s, lease_owner = %(lease_owner)s,
-        lease_token = %(lease_token)s,
+        timer_at = %(timer_at)s, wakes_to = %(wakes_to)s, due_at = %(due_at)s,
+        lease_owner = %(lease_owner)s, lease_token = %(lease_token)s,
         outputs = outputs || %(outputs)s, completed = completed || %(completed)s,
         outcome = %(outcome)s, output = %(output)s, failure_code = %(failure_code)s,
         hold_code = %(hold_code)s, detail = %(detail)s, updated_at = %(now)s,
@@ -199,8 +238,8 @@ RETURNING seq;
 -- name: operator_cancel
 WITH moved AS (
     UPDATE runs
-    SET state = 'cancelled', seq = seq + 1, due_at = NULL, timer_at = NULL, lease_owner = NULL,
-        lease_token = NULL,
+    SET state = 'cancelled', seq = seq + 1, due_at = NULL, timer_at = NULL, wakes_to = NULL,
+        lease_owner = NULL, lease_token = NULL,
         hold_code = NULL, detail = %(detail)s, updated_at = now(), ended_at = now()
     WHERE id = %(id)s AND seq = %(seq)s
     RETURNING id, seq, step
@@ -231,8 +270,7 @@ WITH moved AS (
     SET state = 'running', seq = seq + 1, step = %(next)s, attempt = 0, due_at = now(),
         hold_code = NULL, detail = NULL, dispatched_at = NULL, updated_at = now(),
         outputs = outputs || %(outputs)s,
-        completed = completed || jsonb_build_object(
-            step, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+        completed = completed || jsonb_build_object(step, rfc3339(now()))
     WHERE id = %(id)s AND seq = %(seq)s AND state = 'held'
     RETURNING id, seq
 )
