@@ -13,7 +13,7 @@ import pytest
 
 from registry_coordinator.database import QUERIES, sync_connection
 
-from .harness import Service, migrate, old_postgres, running, wait_for, write_config
+from .harness import Cluster, Service, migrate, old_postgres, running, wait_for, write_config
 
 
 def instant(text: str) -> datetime:
@@ -310,3 +310,36 @@ def test_an_idle_service_stops_promptly_on_sigterm(dsn: str, tmp_path: Path) -> 
         assert service.stop() == 0
         took.append(time.monotonic() - started)
     assert max(took) < 1.5, took
+
+
+def test_an_idle_service_outlives_a_database_outage(
+    cluster: Cluster, dsn: str, tmp_path: Path
+) -> None:
+    """The database refuses this service's connections for longer than the timer's sweep
+    and across a run's wait-until: the service reports not ready, stays up, and when the
+    database is back the run goes on."""
+    config = write_config(tmp_path, dsn, ["timed-choice"], sweep="PT1S")
+    migrate(config)
+    name = dsn.split("?", maxsplit=1)[0].rsplit("/", maxsplit=1)[-1]
+    with running(config, tmp_path / "service.log") as service:
+        run = service.start_run("timed-choice", {"answer": "no"})
+        wait_for(dsn, "SELECT state FROM runs WHERE id = %s", "waiting", params=(run,))
+        with sync_connection(cluster.admin) as conn:
+            conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+        try:
+            time.sleep(4)  # two seconds past the wait-until; four sweeps
+            assert service.process.poll() is None, "the service ended in the outage"
+            assert service.http.get("/ready").status_code == 503
+        finally:
+            with sync_connection(cluster.admin) as conn:
+                conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        wait_for(dsn, "SELECT state FROM runs WHERE id = %s", "finished", params=(run,))
+        wait_for_ready = time.monotonic() + 30
+        while service.http.get("/ready").status_code != 200:
+            assert time.monotonic() < wait_for_ready, "not ready again after the outage"
+            time.sleep(0.1)
+        assert service.process.poll() is None
