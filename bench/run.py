@@ -7,7 +7,7 @@ not single absolute times). Everything runs for real: the embedded PostgreSQL 18
 
   throughput  runs of a four-step workflow, several worker counts, beside pgbench
   wake        webhook accepted -> next step committed, thousands of waiting runs
-  timers      10,000 wait-untils due in one second, and spread over a minute
+  timers      10,000 wait-untils due at one instant, in one second, over a minute
   idle        100,000 waiting runs beside 100: RSS, idle CPU, time to ready
   recovery    SIGKILL with 1,000 runs in flight: time to ready, time to resume all
 """
@@ -289,7 +289,7 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
 
 def timers(cluster: Cluster, directory: Path, count: int) -> None:
     print(f"timers: {count} wait-untils; lateness from the instant due")
-    for name, spread in (("same second", 0.0), ("over a minute", 60.0)):
+    for name, spread in (("same instant", 0.0), ("same second", 1.0), ("over a minute", 60.0)):
         with service(cluster, directory / name.replace(" ", "-"), ["timed-choice"], workers=4) as (
             _,
             dsn,
