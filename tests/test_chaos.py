@@ -183,6 +183,46 @@ def test_database_restart_under_load(cluster: Cluster, dsn: str, tmp_path: Path)
     assert row["states"]["finished"] == admitted  # nothing needed an operator
 
 
+def test_two_processes_under_load_do_no_step_twice(dsn: str, tmp_path: Path) -> None:
+    """Two service processes on one database and the same products take 200 runs between
+    them; one is killed mid-load and started again. No step completes twice in any run,
+    and no mutation reaches a product twice."""
+    connections: dict[str, tuple[str, dict[str, Any]]] = {
+        "reviews": ("casework", {}),
+        "notices": ("messaging", {}),
+    }
+    with deployment(tmp_path, dsn, ["two-mutations"], connections, workers=3, lease="PT2S") as (
+        first,
+        products,
+    ):
+        settings = json.loads(first.config.read_text())
+        settings["listen"]["port"] = free_port()
+        other = tmp_path / "second.yaml"
+        other.write_text(json.dumps(settings))
+        log = tmp_path / "second.log"
+        second = Service(other, log).wait_listening()
+        try:
+            for n in range(200):
+                (first, second)[n % 2].start_run("two-mutations", {"id": f"pair-{n}"}, f"pair-{n}")
+            second.kill()
+            second = Service(other, log).wait_listening()
+            wait_settled(dsn)
+        finally:
+            second.stop()
+        row = summary("two processes (1 SIGKILL)", dsn, 200, 1, products)
+    assert set(row["holds"]) <= {"dispatch-interrupted"}, row["holds"]
+    with sync_connection(dsn) as conn:
+        twice = conn.execute(
+            "SELECT run_id, step FROM run_events WHERE kind = 'step-completed' "
+            "GROUP BY run_id, step HAVING count(*) > 1"
+        ).fetchall()
+        actors = conn.execute(
+            "SELECT count(DISTINCT actor) AS n FROM run_events WHERE kind = 'step-completed'"
+        ).fetchone()
+    assert twice == []
+    assert actors is not None and actors["n"] >= 2, "both processes should have done steps"
+
+
 def test_product_outage_and_hangs(dsn: str, tmp_path: Path) -> None:
     connections = {
         "reviews": ("casework", {}),
