@@ -12,13 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
-from registry_coordinator.database import sync_connection
+from registry_coordinator.database import QUERIES, sync_connection
+from registry_coordinator.store import Holder
 
 from .harness import (
+    Cluster,
     Service,
     connection,
+    deployment,
     free_port,
     migrate,
     running,
@@ -187,3 +191,71 @@ def test_two_processes_share_500_runs_without_doing_a_step_twice(dsn: str, tmp_p
     print(f"500 runs over two processes in {elapsed:.1f} s; events by process: {actors}")
     assert len(actors) == 2, actors
     assert min(actors.values()) > 0.2 * sum(actors.values()), actors
+
+
+def test_a_restarted_process_takes_over_its_predecessors_claims_at_once(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Killed with reads in flight under a one-minute lease, the service restarted on the
+    same host and port makes those runs due at once: they resend their reads and finish
+    in seconds, not when the lease runs out."""
+    connections: dict[str, tuple[str, dict[str, Any]]] = {"records": ("breg", {"poolSize": 8})}
+    with deployment(tmp_path, dsn, ["lookup"], connections, lease="PT60S", workers=4) as (
+        service,
+        products,
+    ):
+        products.faults("breg", {"match": "GET /v1/", "mode": "delay", "seconds": 120})
+        runs = [service.start_run("lookup", {"recordId": f"app-{n}"}) for n in range(5)]
+        wait_for(dsn, "SELECT count(*) FROM runs WHERE dispatched_at IS NOT NULL", 5)
+        service.kill()
+        products.faults("breg")
+        killed = time.monotonic()
+        with running(service.config, service.log) as again:
+            wait_all_ended(dsn, timeout=30)
+            took = time.monotonic() - killed
+            assert {again.status(run)["outcome"] for run in runs} == {"found"}
+    print(f"5 runs killed mid-read finished {took:.1f} s after the kill (lease 60 s)")
+    assert took < 15, took
+
+
+def test_claims_are_taken_over_only_when_no_session_of_their_holder_is_left(
+    cluster: Cluster, dsn: str, tmp_path: Path
+) -> None:
+    """A predecessor that may be alive (a session of it is still connected) keeps its
+    claims until their leases run out; once its last session is gone they are taken."""
+    migrate(write_config(tmp_path, dsn, ["timed-choice"]))
+    predecessor, successor = Holder("host:8080"), Holder("host:8080")
+    stranger = Holder("host:9090")
+    assert predecessor.family == successor.family != stranger.family
+    with sync_connection(dsn) as conn:
+        conn.execute(
+            """
+            INSERT INTO definitions (digest, workflow_id, version, artifact)
+            VALUES ('sha256:' || repeat('0', 64), 'x', '1', '');
+            INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest, input,
+                              state, step, seq, due_at, lease_owner, lease_token, admitted_at,
+                              deadline_at, updated_at)
+            VALUES (gen_random_uuid(), 'sha256:' || repeat('0', 64), 'x', 'c', 'k', 'x', '{}',
+                    'running', 's', 1, now() + interval '1 minute', 'host:8080',
+                    gen_random_uuid(), now(), now() + interval '1 hour', now());
+            """
+        )
+
+    def take_over(holder: Holder) -> int:
+        with sync_connection(dsn) as conn:
+            params = {"owner": holder.name, "family": holder.family, "session": holder.session}
+            return conn.execute(QUERIES["take_over_claims"], params).rowcount
+
+    alive = psycopg.connect(dsn, application_name=predecessor.session)
+    try:
+        assert take_over(successor) == 0  # the predecessor may be alive
+        assert take_over(stranger) == 0  # not its claims
+    finally:
+        alive.close()
+    deadline = time.monotonic() + 10
+    while (taken := take_over(successor)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the server has ended the closed session
+    assert taken == 1
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT due_at <= now() AS due FROM runs").fetchone()
+    assert row == {"due": True}

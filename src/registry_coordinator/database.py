@@ -140,15 +140,18 @@ def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
 class Database:
     """A fixed-size pool of autocommit connections to one PostgreSQL database."""
 
-    def __init__(self, dsn: str, size: int) -> None:
+    def __init__(self, dsn: str, size: int, application_name: str = "registry-coordinator") -> None:
         self.dsn = dsn
         self.size = size
+        self.application_name = application_name  # on every session, in pg_stat_activity
         self._send, self._receive = trio.open_memory_channel[Connection | None](size)
 
     @classmethod
-    async def open(cls, dsn: str, size: int) -> Database:
+    async def open(
+        cls, dsn: str, size: int, application_name: str = "registry-coordinator"
+    ) -> Database:
         """Connect the whole pool now, so an unreachable database stops startup."""
-        database = cls(dsn, size)
+        database = cls(dsn, size, application_name)
         for _ in range(size):
             database._send.send_nowait(await database._connect())
         return database
@@ -156,7 +159,11 @@ class Database:
     async def _connect(self) -> Connection:
         try:
             raw = await aio(psycopg.AsyncConnection.connect)(
-                self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=10
+                self.dsn,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=10,
+                application_name=self.application_name,
             )
         except psycopg.OperationalError as exc:
             raise Unavailable(_first_line(exc)) from None
@@ -200,13 +207,16 @@ class Database:
 
 
 @asynccontextmanager
-async def notifications(dsn: str, channel: str) -> AsyncIterator[AsyncIterator[str]]:
-    """A dedicated connection LISTENing on ``channel``, yielding notification payloads.
+async def notifications(db: Database, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+    """A dedicated connection to ``db``'s database LISTENing on ``channel``, yielding
+    notification payloads.
 
     A lost connection surfaces as :class:`Unavailable`, from here or from iterating.
     """
     try:
-        raw = await aio(psycopg.AsyncConnection.connect)(dsn, autocommit=True, connect_timeout=10)
+        raw = await aio(psycopg.AsyncConnection.connect)(
+            db.dsn, autocommit=True, connect_timeout=10, application_name=db.application_name
+        )
     except psycopg.OperationalError as exc:
         raise Unavailable(_first_line(exc)) from None
     try:

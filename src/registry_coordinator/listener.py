@@ -33,7 +33,7 @@ class Listener:
         started = False
         while True:
             try:
-                async with notifications(self.db.dsn, CHANNEL) as received:
+                async with notifications(self.db, CHANNEL) as received:
                     self.connected = True
                     self.first_connected.set()
                     backoff = 0.1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import signal
-import uuid
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
-async def open_database_unchecked(config: Config) -> AsyncIterator[Database]:
+async def open_database_unchecked(
+    config: Config, application_name: str = "registry-coordinator"
+) -> AsyncIterator[Database]:
     """Connect to the configured database, starting the embedded one if asked."""
     embedded = None
     dsn = config.database.dsn
@@ -55,7 +57,7 @@ async def open_database_unchecked(config: Config) -> AsyncIterator[Database]:
         dsn = await trio.to_thread.run_sync(embedded.start)
     assert dsn is not None
     try:
-        db = await Database.open(dsn, config.database.pool_size)
+        db = await Database.open(dsn, config.database.pool_size, application_name)
         try:
             yield db
         finally:
@@ -66,10 +68,10 @@ async def open_database_unchecked(config: Config) -> AsyncIterator[Database]:
 
 
 @asynccontextmanager
-async def open_database(config: Config) -> AsyncIterator[Database]:
+async def open_database(config: Config, application_name: str) -> AsyncIterator[Database]:
     """The configured database, checked to be PostgreSQL 17+ with this build's schema
     (which the embedded database is migrated to by itself)."""
-    async with open_database_unchecked(config) as db:
+    async with open_database_unchecked(config, application_name) as db:
         version = await check_server(db)
         if config.database.embedded is not None:
             for migration in await migrate(db):
@@ -80,9 +82,15 @@ async def open_database(config: Config) -> AsyncIterator[Database]:
 
 
 async def serve(config: Config, workflows: Workflows) -> None:
-    async with trio_asyncio.open_loop(), open_database(config) as db:
+    holder = store.Holder(f"{socket.gethostname()}:{config.port}")
+    async with trio_asyncio.open_loop(), open_database(config, holder.session) as db:
         await workflows.store(db)
-        await with_products(config.connections, partial(_supervise, config, workflows, db))
+        taken = await store.take_over(db, holder)
+        if taken:
+            log.info("took over %d claims left by the previous process on %s", taken, holder.name)
+        await with_products(
+            config.connections, partial(_supervise, config, workflows, db, holder.name)
+        )
     log.info("stopped")
 
 
@@ -90,12 +98,12 @@ async def _supervise(
     config: Config,
     workflows: Workflows,
     db: Database,
+    owner: str,
     products: dict[str, Product],
     client: httpx.AsyncClient,
 ) -> None:
     """The nursery: timer, listener, call pools, engine workers, lease keeper, HTTP."""
     metrics = Metrics()
-    owner = uuid.uuid4().hex[:12]  # this process, as a lease holder and in the history
     timer = Timer(db, config.engine.sweep_interval, store.actor(owner), metrics)
     holdings = store.Holdings()
     calls = Calls(db, products, timer, config.engine.lease, metrics, holdings)

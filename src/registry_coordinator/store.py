@@ -8,6 +8,7 @@ read, so no transition is ever applied twice and none is half-applied.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -164,6 +165,35 @@ class Claimed:
     @property
     def actor(self) -> str:
         return actor(self.owner)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """This process as the holder of claims (the runs it is advancing).
+
+    ``name`` is the host and port the service listens on: a process restarted on the
+    same host and port is the same holder, and takes over at once the claims its
+    predecessor left when it died (:func:`take_over`). Every database session of the
+    process carries ``session`` as its application_name; ``family`` starts the
+    session name of every process of this holder (a digest: names are cut at 63 bytes).
+    """
+
+    name: str
+    nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def family(self) -> str:
+        return "coordinator/" + hashlib.sha256(self.name.encode()).hexdigest()[:16] + "/"
+
+    @property
+    def session(self) -> str:
+        return self.family + self.nonce
+
+
+async def take_over(db: Database, holder: Holder) -> int:
+    """Make the claims of this holder's dead predecessor due now; how many there were."""
+    params = {"owner": holder.name, "family": holder.family, "session": holder.session}
+    return await db.execute("take_over_claims", params)
 
 
 def actor(owner: str) -> str:

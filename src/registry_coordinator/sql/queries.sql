@@ -167,6 +167,18 @@ VALUES (%(id)s, %(step)s, %(connection)s, %(result)s, %(key)s, %(now)s, %(timeou
 -- name: drop_wait
 DELETE FROM waits WHERE run_id = %(id)s;
 
+-- name: take_over_claims
+-- At startup: the claims a previous process of this holder (the same host and port)
+-- still had when it died fall due at once, instead of when their leases run out. Not
+-- while any session of another process of this holder is connected: that process may
+-- be alive, and its claims are left to their leases. Either way every write stays
+-- fenced by the claim's lease token.
+UPDATE runs SET due_at = clock_timestamp()
+WHERE lease_owner = %(owner)s AND lease_token IS NOT NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM pg_stat_activity
+      WHERE starts_with(application_name, %(family)s) AND application_name <> %(session)s);
+
 -- name: extend_leases
 -- The lease keeper: this process is still working on these claims (their calls are
 -- queued or in flight). A process that dies, or a task that gives up on a claim,
