@@ -172,8 +172,10 @@ DELETE FROM waits WHERE run_id = %(id)s;
 -- still had when it died fall due at once, instead of when their leases run out. Not
 -- while any session of another process of this holder is connected: that process may
 -- be alive, and its claims are left to their leases. Either way every write stays
--- fenced by the claim's lease token.
-UPDATE runs SET due_at = clock_timestamp()
+-- fenced by the claim's lease token. A run taken over has been due since its last
+-- transition: it goes to the front of the queue, not behind the work that came due
+-- while it was held.
+UPDATE runs SET due_at = least(updated_at, clock_timestamp())
 WHERE lease_owner = %(owner)s AND lease_token IS NOT NULL
   AND NOT EXISTS (
       SELECT 1 FROM pg_stat_activity
