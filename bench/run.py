@@ -211,16 +211,7 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
         ) as (running, dsn),
     ):
         # Reviews exist and are decided at the stand-in; the runs wait for them.
-        auth = {"Authorization": "Bearer test-token-1"}
-        keys = []
-        with httpx.Client(base_url=products.url("casework"), headers=auth) as client:
-            for _ in range(waiting):
-                key = client.post(
-                    "/v1/review-requests",
-                    json={"kind": "bench", "subject": {"type": "a", "id": "1"}},
-                ).json()["requestId"]
-                client.post(f"/v1/review-requests/{key}/decision", json={"decision": "approved"})
-                keys.append(key)
+        keys = products.decided_reviews(waiting, "bench")
         with sync_connection(dsn) as conn:
             conn.execute("CREATE TEMP TABLE bench_keys (n int, key text)")
             with conn.cursor().copy("COPY bench_keys FROM STDIN") as copy:

@@ -392,6 +392,19 @@ class StandIns:
         response = httpx.post(self.url(product) + "/_control/faults", json=list(rules), timeout=5)
         assert response.status_code == 200
 
+    def decided_reviews(self, count: int, kind: str) -> list[str]:
+        """Make ``count`` review requests at Casework and approve each; their keys."""
+        auth = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
+        keys = []
+        with httpx.Client(base_url=self.url("casework"), headers=auth) as casework:
+            for _ in range(count):
+                key = casework.post(
+                    "/v1/review-requests", json={"kind": kind, "subject": {"type": "a", "id": "1"}}
+                ).json()["requestId"]
+                casework.post(f"/v1/review-requests/{key}/decision", json={"decision": "approved"})
+                keys.append(key)
+        return keys
+
     def requests(self, product: str, method: str, path_prefix: str) -> list[dict[str, Any]]:
         return [
             r

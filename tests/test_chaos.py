@@ -21,7 +21,6 @@ from registry_coordinator.database import sync_connection
 from registry_coordinator.webhooks import SIGNATURE_HEADER, sign
 
 from .harness import (
-    STANDIN_TOKEN,
     WEBHOOK_SECRET,
     Cluster,
     Service,
@@ -256,16 +255,7 @@ def test_webhook_storm_resumes_each_run_once(dsn: str, tmp_path: Path) -> None:
         "reviews": ("casework", {"webhookSecret": "env:STANDIN_WEBHOOK_SECRET"})
     }
     with deployment(tmp_path, dsn, ["await-review"], connections, workers=4) as (service, products):
-        auth = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
-        with httpx.Client(base_url=products.url("casework"), headers=auth) as casework:
-            keys = []
-            for _ in range(150):
-                key = casework.post(
-                    "/v1/review-requests",
-                    json={"kind": "storm", "subject": {"type": "a", "id": "1"}},
-                ).json()["requestId"]
-                casework.post(f"/v1/review-requests/{key}/decision", json={"decision": "approved"})
-                keys.append(key)
+        keys = products.decided_reviews(150, "storm")
         early, late = keys[:50], keys[50:]
         deliveries = [(key, f"{key}-{copy}") for key in keys for copy in range(3)]
         random.Random(7).shuffle(deliveries)
