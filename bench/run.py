@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -159,41 +160,94 @@ def pgbench_tps(cluster: Cluster, clients: int, seconds: int = 10) -> float:
     return float(line.split()[2])
 
 
-def throughput(cluster: Cluster, directory: Path, runs: int, workers: list[int]) -> None:
-    print(f"throughput: {runs} runs of bench-four (read call, choose, mutation call, finish)")
-    print(f"  {'workers':>7}  {'runs/s':>8}  {'steps/s':>8}  {'pgbench tps':>11}  {'ratio':>6}")
-    for count in workers:
-        breg = free_port()
-        connections = {"registry": connection("breg", breg, poolSize=max(4, count * 2))}
-        with (
-            stand_ins(directory / f"standins-{count}.log", {"breg": breg}),
-            service(
-                cluster,
-                directory / f"w{count}",
-                ["bench-four"],
-                workers=count,
-                connections=connections,
-            ) as (_, dsn),
-        ):
+def throughput(
+    cluster: Cluster,
+    directory: Path,
+    runs: int,
+    workers: list[int],
+    processes: list[int],
+    rounds: int,
+) -> None:
+    """Each worker count in one process, and each further process count with the default
+    four workers each, ``rounds`` times, interleaved so that a noisy minute on this shared
+    machine falls on all of them; the table is the medians, beside pgbench's median with as
+    many clients, measured in the same rounds."""
+    print(
+        f"throughput: {runs} runs of bench-four (read call, choose, mutation call, finish); "
+        f"medians of {rounds} interleaved rounds"
+    )
+    setups = [(1, count) for count in workers] + [(n, 4) for n in processes if n > 1]
+    figures: dict[tuple[int, int], list[tuple[float, float, float]]] = {s: [] for s in setups}
+    for round_ in range(rounds):
+        for setup in setups:
+            seconds, steps = _throughput_once(
+                cluster, directory / f"r{round_}p{setup[0]}w{setup[1]}", runs, *setup
+            )
+            tps = pgbench_tps(cluster, setup[0] * setup[1])
+            figures[setup].append((runs / seconds, steps / seconds, tps))
+            print(
+                f"  round {round_ + 1}, {setup[0]} x {setup[1]} workers: "
+                f"{steps / seconds:.0f} steps/s, pgbench {tps:.0f} tps",
+                flush=True,
+            )
+    print(
+        f"  {'processes':>9}  {'workers':>7}  {'runs/s':>8}  {'steps/s':>8}  {'pgbench tps':>11}"
+        f"  {'ratio':>6}"
+    )
+    for (count, each), measured in figures.items():
+        runs_s, steps_s, tps = (statistics.median(column) for column in zip(*measured, strict=True))
+        spread = f"{min(m[1] for m in measured):.0f}-{max(m[1] for m in measured):.0f}"
+        print(
+            f"  {count:>9}  {each:>7}  {runs_s:>8.0f}  {steps_s:>8.0f}  {tps:>11.0f}"
+            f"  {steps_s / tps:>6.2f}   (steps/s over the rounds: {spread})"
+        )
+
+
+def _throughput_once(
+    cluster: Cluster, directory: Path, runs: int, processes: int, workers: int
+) -> tuple[float, int]:
+    """Seconds from the runs falling due to the last one ending, and step transitions."""
+    breg = free_port()
+    connections = {"registry": connection("breg", breg, poolSize=max(4, workers * 2))}
+    with (
+        stand_ins(directory.with_suffix(".standins.log"), {"breg": breg}),
+        service(cluster, directory, ["bench-four"], workers=workers, connections=connections) as (
+            first,
+            dsn,
+        ),
+    ):
+        others = [
+            Service(on_another_port(first.config, f"process-{n}"), directory / f"process-{n}.log")
+            for n in range(2, processes + 1)
+        ]
+        try:
+            for other in others:
+                other.wait_listening(60)
             bulk_admit(
                 dsn, "bench-four", runs, "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read"
             )
             wait_ended(dsn, runs, 600)
-            with sync_connection(dsn) as conn:
-                row = conn.execute(
-                    "SELECT EXTRACT(EPOCH FROM max(ended_at) - min(admitted_at))::float8 - 2.0 "
-                    "AS seconds, (SELECT count(*) FROM run_events WHERE kind <> 'admitted') "
-                    "AS steps FROM runs"
-                ).fetchone()
-        assert row is not None
-        seconds = row["seconds"]
-        tps = pgbench_tps(cluster, count)
-        steps = row["steps"] / seconds
-        print(
-            f"  {count:>7}  {runs / seconds:>8.0f}  {steps:>8.0f}  {tps:>11.0f}  "
-            f"{steps / tps:>6.2f}",
-            flush=True,
-        )
+        finally:
+            for other in others:
+                other.stop()
+        with sync_connection(dsn) as conn:
+            row = conn.execute(
+                "SELECT EXTRACT(EPOCH FROM max(ended_at) - min(admitted_at))::float8 - 2.0 "
+                "AS seconds, (SELECT count(*) FROM run_events WHERE kind <> 'admitted') "
+                "AS steps FROM runs"
+            ).fetchone()
+    assert row is not None
+    return row["seconds"], row["steps"]
+
+
+def on_another_port(config: Path, name: str) -> Path:
+    """The same service's configuration beside ``config``, listening on a free port: another
+    process on the same database."""
+    settings = json.loads(config.read_text())
+    settings["listen"]["port"] = free_port()
+    other = config.with_name(f"{name}.yaml")
+    other.write_text(json.dumps(settings))
+    return other
 
 
 # --- wake latency -------------------------------------------------------------------------
@@ -376,10 +430,7 @@ def recover(cluster: Cluster, directory: Path, count: int, restart: str) -> list
             ).fetchone()
         assert left is not None
         if restart != "same host:port":
-            settings = json.loads(config.read_text())
-            settings["listen"]["port"] = free_port()
-            config = directory / "other.yaml"
-            config.write_text(json.dumps(settings))
+            config = on_another_port(config, "other")
         second = Service(config, directory / "service.log")
         wait_ready(second)
         ready = time.monotonic() - killed
@@ -413,7 +464,7 @@ def recover(cluster: Cluster, directory: Path, count: int, restart: str) -> list
 
 
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
-    "throughput": lambda c, d, a: throughput(c, d, a.runs, a.workers),
+    "throughput": lambda c, d, a: throughput(c, d, a.runs, a.workers, a.processes, a.rounds),
     "wake": lambda c, d, a: wake(c, d, a.waiting, a.rate),
     "timers": lambda c, d, a: timers(c, d, a.timers),
     "idle": lambda c, d, a: idle(c, d, a.idle, a.idle_seconds),
@@ -433,6 +484,8 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--waiting", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--timers", type=int, default=10_000)

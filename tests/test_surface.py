@@ -140,6 +140,10 @@ def test_every_cli_command_against_a_live_service(dsn: str, tmp_path: Path) -> N
         history = cli("runs", "history", run, url=url, token=portal)
         assert history.returncode == 0
         assert "admitted" in history.stdout and "finished" in history.stdout
+        # A timeline an operator reads down: every column starts where the one above does.
+        lines = history.stdout.splitlines()
+        for column in ("  #", " by "):
+            assert len({line.index(column) for line in lines}) == 1, history.stdout
         waiting = json.loads(
             cli(
                 "runs",

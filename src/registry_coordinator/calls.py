@@ -168,7 +168,9 @@ class Calls:
     def __post_init__(self) -> None:
         # How a run goes on after its call or read completes its step, still held: the
         # engine sets this to its own step loop, so the run does not wait to be claimed.
-        self.proceed: Callable[[Definition, store.Claimed], Awaitable[None]] | None = None
+        self.proceed: (
+            Callable[[Definition, store.Claimed, store.Ahead | None], Awaitable[None]] | None
+        ) = None
         self._nursery: trio.Nursery | None = None
         self._stopping = False
         self._in_flight = 0
@@ -277,8 +279,11 @@ class Calls:
                 advance = fetched(definition, run.step, reply)
                 committed = None
                 if advance is not None:
-                    committed = await store.commit(self.db, definition, run, advance, self.lease)
-                    self.metrics.committed(definition, step, committed.run.state, committed.outcome)
+                    committed = await store.commit(
+                        self.db, definition, run, advance, self.lease, go_on=True
+                    )
+                    self.metrics.committed(definition, committed)
+                    logs.transitions(committed, run.id)
                     self.metrics.resumed(step.connection, step.result_name, fetch.key)
                 else:
                     due = await store.release_wait(self.db, run, step, fetch.key, poll, since)
@@ -296,7 +301,7 @@ class Calls:
         if committed is None or not committed.held:
             return
         assert self.proceed is not None, "the engine sets proceed when it is built"
-        await self.proceed(definition, committed.run)
+        await self.proceed(definition, committed.run, committed.ahead)
 
     async def _settle_persistently(
         self, definition: Definition, run: store.Claimed, reply: Reply
@@ -332,10 +337,10 @@ class Calls:
             transition,
             self.lease,
             settlement=store.Settlement(outcome, reply.status, body or None),
+            go_on=True,
         )
-        step = definition.step(run.step)
-        self.metrics.committed(definition, step, committed.run.state, committed.outcome)
-        logs.transition(transition, run.id, run.step)
+        self.metrics.committed(definition, committed)
+        logs.transitions(committed, run.id)
         if isinstance(transition, Retry) and committed.due_at is not None:
             self.timer.scheduled((committed.due_at - committed.run.now()).total_seconds())
         return committed

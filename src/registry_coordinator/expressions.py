@@ -326,7 +326,8 @@ def to_text(value: Any) -> str:
 
 
 def format_instant(value: datetime) -> str:
-    """RFC 3339 in UTC with a Z, milliseconds only when present."""
+    """RFC 3339 in UTC with a Z; a fraction of a second only when present, without trailing
+    zeros."""
     value = value.astimezone(UTC)
     # Not strftime: its %Y does not pad years before 1000 to the four digits RFC 3339 needs.
     text = value.replace(tzinfo=None, microsecond=0).isoformat()

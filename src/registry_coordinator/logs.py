@@ -10,9 +10,13 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from .expressions import format_instant
-from .steps import Expire, Failed, Held, Transition
+from .steps import Expire, Failed, Held
+
+if TYPE_CHECKING:
+    from .store import Committed
 
 runs = logging.getLogger("registry_coordinator.runs")
 
@@ -43,20 +47,21 @@ class Text(logging.Formatter):
         return f"{text} [run {run}]" if run is not None else text
 
 
-def transition(committed: Transition, run_id: object, step: str) -> None:
+def transitions(committed: Committed, run_id: object) -> None:
     """Log what an operator should know about: runs that fail, expire or are held."""
-    if isinstance(committed, Held | Failed):
-        what = "held" if isinstance(committed, Held) else "failed"
-        runs.warning(
-            "run %s at %s: %s: %s",
-            what,
-            step,
-            committed.code.value,
-            committed.detail,
-            extra={"run": run_id},
-        )
-    elif isinstance(committed, Expire):
-        runs.warning("run expired at %s", step, extra={"run": run_id})
+    for step, transition in committed.taken:
+        if isinstance(transition, Held | Failed):
+            what = "held" if isinstance(transition, Held) else "failed"
+            runs.warning(
+                "run %s at %s: %s: %s",
+                what,
+                step,
+                transition.code.value,
+                transition.detail,
+                extra={"run": run_id},
+            )
+        elif isinstance(transition, Expire):
+            runs.warning("run expired at %s", step, extra={"run": run_id})
 
 
 def configure() -> None:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .authoring import Step, step_type
+from .authoring import step_type
 from .definition import Definition
+
+if TYPE_CHECKING:
+    from .store import Committed
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -84,13 +88,13 @@ class Metrics:
         )
         self._pending: OrderedDict[tuple[str, str, str], float] = OrderedDict()
 
-    def committed(
-        self, definition: Definition, step: Step, state: str, outcome: str | None
-    ) -> None:
-        """A transition committed at ``step``; the run is now in ``state``."""
-        self.transitions.labels(step_type(step)).inc()
+    def committed(self, definition: Definition, committed: Committed) -> None:
+        """Transitions committed at their steps, and the run's end if it ended."""
+        for step, _ in committed.taken:
+            self.transitions.labels(step_type(definition.step(step))).inc()
+        state = committed.run.state
         if state in ("finished", "failed", "expired", "cancelled"):
-            self.runs_ended.labels(definition.id, state, outcome or "").inc()
+            self.runs_ended.labels(definition.id, state, committed.outcome or "").inc()
 
     def woke(self, lateness: list[float]) -> None:
         """The timer took wait-untils on to their next step, each this many seconds late."""

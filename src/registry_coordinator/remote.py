@@ -193,12 +193,15 @@ def describe_status(run: JSON) -> str:
 
 def describe_history(events: list[JSON]) -> str:
     """A run's history as a readable timeline."""
+    # Columns as wide as their widest entry: instants drop trailing zeros, actors vary.
+    at = max((len(event["at"]) for event in events), default=0)
+    actor = max((len(event["actor"]) for event in events), default=0)
     lines = []
     for event in events:
         detail = event["detail"]
         note = f"  {json.dumps(detail, sort_keys=True)}" if detail else ""
         lines.append(
-            f"{event['at']}  #{event['seq']:<3} {event['kind']:<16} {event['step']:<22}"
-            f" by {event['actor']}{note}"
+            f"{event['at']:<{at}}  #{event['seq']:<3} {event['kind']:<16} {event['step']:<22}"
+            f" by {event['actor']:<{actor}}{note}".rstrip()
         )
     return "\n".join(lines)

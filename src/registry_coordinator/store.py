@@ -38,6 +38,7 @@ from .steps import (
     RunRecord,
     Sleep,
     Transition,
+    on_due,
     woke,
 )
 
@@ -303,12 +304,27 @@ class Settlement:
     response: bytes | None = None
 
 
+#: What a holder may commit in the same statement as the Advance before it: entering these
+#: steps needs neither a product nor a wait registered, so nothing lies between them.
+TAKEN_AT_ONCE = (Advance, Finished, Failed, Expire, Sleep)
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """What the run's next step does, decided while committing the steps before it (a
+    call to send, a wait to register): the holder takes it from here, not decided twice."""
+
+    transition: Transition | None
+
+
 @dataclass(frozen=True)
 class Committed:
     run: Claimed  # the run as it stands now
     due_at: datetime | None  # when it next falls due, for the timer
+    taken: tuple[tuple[str, Transition | Cancelled], ...]  # (step, transition), in order
     outcome: str | None = None  # the outcome, when the run finished
     held: bool = False  # the holder still holds the run and should take its next step
+    ahead: Ahead | None = None  # the next step, when it was decided (``go_on``)
 
 
 async def commit(
@@ -322,15 +338,19 @@ async def commit(
     settlement: Settlement | None = None,
     poll: timedelta | None = None,
     now: datetime | None = None,
+    go_on: bool = False,
 ) -> Committed:
     """Apply one transition with its history event, atomically, as the run's holder.
 
     An Advance keeps the lease (the holder goes straight on) unless ``keep_lease`` is
-    false, when the run is left due at once for any worker. A ``settlement`` records
+    false, when the run is left due at once for any worker. With ``go_on``, the steps
+    that follow an Advance are taken in the same statement for as long as they need
+    nothing from outside (a choose, a finish, a wait-until): each still gets its own
+    history event, and a crash commits all of them or none. A ``settlement`` records
     a call's outcome in the same statement; if an operator asked to cancel while the
     call was in flight, the run is cancelled instead of going on. ``poll`` is how
     often a run entering a wait-for reads its result if no delivery wakes it. ``now``
-    is the instant the transition was decided at, which its history event records.
+    is the instant the transition was decided at, which its history events record.
     One statement does it all, but where a wait-for begins or ends: then the waits
     table changes in the same transaction.
     """
@@ -338,11 +358,25 @@ async def commit(
     if settlement is None and run.dispatched:
         settlement = Settlement("interrupted")  # the holder stopped during the call
     params, wait = _columns(definition, run, transition, lease, keep_lease, poll, now, settlement)
+    taken: list[tuple[str, Transition | Cancelled]] = [(run.step, transition)]
+    events = [params]
+    after = _after(run, params, now)
+    ahead = None
+    while go_on and isinstance(taken[-1][1], Advance) and params["lease_token"] is not None:
+        following = on_due(definition, after.record(), after.step, False, None, now)
+        if not isinstance(following, TAKEN_AT_ONCE):
+            ahead = Ahead(following)
+            break
+        params, _ = _columns(definition, after, following, lease, keep_lease, poll, now)
+        taken.append((after.step, following))
+        events.append(params)
+        after = _after(after, params, now)
     leaves_wait = run.state == "waiting" and isinstance(definition.step(run.step), WaitFor)
+    statement = _statement(events)
     async with db.connection() as conn:
         if leaves_wait or wait is not None:
             async with conn.transaction():
-                if not await conn.row("transition", params):
+                if not await conn.row("transition", statement):
                     raise LeaseLost(str(run.id))
                 crash_point("mid-transition")
                 if leaves_wait:
@@ -350,7 +384,7 @@ async def commit(
                 if wait is not None:
                     await conn.execute("register_wait", wait)
                     await conn.execute("wake_if_delivered", wait)
-        elif not await conn.row("transition", params):
+        elif not await conn.row("transition", statement):
             asked = await conn.row("cancel_requested", {"id": run.id, "token": run.token})
             if settlement is None or asked is None or not asked["cancel_requested"]:
                 raise LeaseLost(str(run.id))
@@ -358,9 +392,22 @@ async def commit(
             params, _ = _columns(
                 definition, run, cancelled, lease, keep_lease, poll, now, settlement
             )
-            if not await conn.row("transition", params):
+            if not await conn.row("transition", _statement([params])):
                 raise LeaseLost(str(run.id))
-    after = replace(
+            taken, after, ahead = [(run.step, cancelled)], _after(run, params, now), None
+    return Committed(
+        after,
+        params["due_at"],
+        tuple(taken),
+        params["outcome"],
+        params["lease_token"] is not None,
+        ahead,
+    )
+
+
+def _after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
+    """The run as a transition's columns leave it."""
+    return replace(
         run,
         seq=run.seq + 1,
         state=params["state"],
@@ -371,7 +418,28 @@ async def commit(
         outputs={**run.outputs, **params["outputs"]},
         completed={**run.completed, **dict.fromkeys(params["completed"], now)},
     )
-    return Committed(after, params["due_at"], params["outcome"], params["lease_token"] is not None)
+
+
+def _statement(transitions: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``transition`` statement for transitions taken one after another: the run's
+    columns as the last leaves them, what each step recorded, an event for each, and the
+    settled call (if any) and the cancellation check as the first has them."""
+    first, last = transitions[0], transitions[-1]
+    merged = {name: value for name, value in last.items() if name not in ("kind", "event")}
+    merged.update(
+        token=first["token"],
+        event_step=first["event_step"],
+        honour_cancel=first["honour_cancel"],
+        call_status=first["call_status"],
+        call_response=first["call_response"],
+        call_outcome=first["call_outcome"],
+        outputs={k: v for t in transitions for k, v in t["outputs"].items()},
+        completed={k: v for t in transitions for k, v in t["completed"].items()},
+        kinds=[t["kind"] for t in transitions],
+        event_steps=[t["event_step"] for t in transitions],
+        events=[Jsonb(t["event"]) for t in transitions],
+    )
+    return merged
 
 
 def _columns(

@@ -24,7 +24,7 @@ from .database import Database, Unavailable
 from .definition import Definition
 from .faults import crash_point
 from .metrics import Metrics
-from .steps import Advance, Fetch, Send, on_due
+from .steps import Fetch, Send, on_due
 from .timers import Timer
 from .workflows import Workflows
 
@@ -114,21 +114,28 @@ class Engine:
                 log.exception("worker: unexpected error")
                 await trio.sleep(1.0)
 
-    async def advance(self, definition: Definition, run: store.Claimed) -> None:
-        """Take a held run's steps until it waits, ends, is held, or calls out."""
+    async def advance(
+        self, definition: Definition, run: store.Claimed, ahead: store.Ahead | None = None
+    ) -> None:
+        """Take a held run's steps until it waits, ends, is held, or calls out; ``ahead``
+        is its next step when that was already decided."""
         while True:
             now = run.now()
             if self.stopping:
                 await store.release(self.db, run, now)
                 return
-            transition = on_due(
-                definition,
-                run.record(),
-                run.step,
-                run.state == "waiting",
-                run.timer_at,
-                now,
-                run.dispatched,
+            transition = (
+                ahead.transition
+                if ahead is not None
+                else on_due(
+                    definition,
+                    run.record(),
+                    run.step,
+                    run.state == "waiting",
+                    run.timer_at,
+                    now,
+                    run.dispatched,
+                )
             )
             if transition is None:
                 due = (
@@ -157,6 +164,7 @@ class Engine:
                     self.config.lease,
                     poll=self.calls.poll(definition, run.step),
                     now=now,
+                    go_on=True,
                 )
             except store.LeaseLost:
                 log.warning("lease lost to another worker; leaving the run", extra={"run": run.id})
@@ -164,14 +172,13 @@ class Engine:
             crash_point("after-commit")
             if run.timer_at is not None and now >= run.timer_at:
                 self.metrics.timer_lateness.observe((now - run.timer_at).total_seconds())
-            step = definition.step(run.step)
-            self.metrics.committed(definition, step, committed.run.state, committed.outcome)
-            logs.transition(transition, run.id, run.step)
-            if not isinstance(transition, Advance):
+            self.metrics.committed(definition, committed)
+            logs.transitions(committed, run.id)
+            if not committed.held:
                 if committed.due_at is not None:
                     self._schedule(committed.run, committed.due_at)
                 return
-            run = committed.run
+            run, ahead = committed.run, committed.ahead
 
     def _schedule(self, run: store.Claimed, due: datetime) -> None:
         self.timer.scheduled((due - run.now()).total_seconds())

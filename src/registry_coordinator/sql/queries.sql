@@ -126,15 +126,17 @@ WITH clock AS (
 SELECT lateness FROM moved;
 
 -- name: transition
--- Commit one transition and its history event, only while this claim still holds
--- the run (its lease token): a run never moves twice from one state, and a holder
--- whose lease ran out, or whose run an operator cancelled, writes nothing. When the
--- transition settles a call, the call's outcome is recorded by the same statement —
--- unless an operator asked to cancel meanwhile (%(honour_cancel)s): then nothing is
--- written and the holder commits the cancellation instead.
+-- Commit a run's transitions and their history events (one each, in order: a step
+-- and the steps after it that need nothing from outside), only while this claim still
+-- holds the run (its lease token): a run never moves twice from one state, and a
+-- holder whose lease ran out, or whose run an operator cancelled, writes nothing. When
+-- the first transition settles a call, the call's outcome is recorded by the same
+-- statement — unless an operator asked to cancel meanwhile (%(honour_cancel)s): then
+-- nothing is written and the holder commits the cancellation instead.
 WITH moved AS (
     UPDATE runs
-    SET state = %(state)s, step = %(step)s, seq = seq + 1, attempt = %(attempt)s,
+    SET state = %(state)s, step = %(step)s, seq = seq + cardinality(%(kinds)s::text[]),
+        attempt = %(attempt)s,
         timer_at = %(timer_at)s, wakes_to = %(wakes_to)s, due_at = %(due_at)s,
         lease_owner = %(lease_owner)s, lease_token = %(lease_token)s,
         outputs = outputs || %(outputs)s, completed = completed || %(completed)s,
@@ -152,7 +154,11 @@ WITH moved AS (
       AND step = %(event_step)s AND settled_at IS NULL
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, seq, %(now)s, %(kind)s, %(event_step)s, %(actor)s, %(event)s FROM moved
+SELECT m.id, m.seq - cardinality(%(kinds)s::text[]) + e.n, %(now)s, e.kind, e.step,
+       %(actor)s, e.detail
+FROM moved m,
+     unnest(%(kinds)s::text[], %(event_steps)s::text[], %(events)s::jsonb[])
+         WITH ORDINALITY AS e (kind, step, detail, n)
 RETURNING seq;
 
 -- name: release_run
