@@ -18,16 +18,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import trio_asyncio
 
-from registry_coordinator.database import sync_connection
+from registry_coordinator.database import Database, sync_connection
 from registry_coordinator.embedded import EmbeddedPostgres
+from registry_coordinator.migrations import migrate as migrate_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / "workflows"
@@ -429,6 +431,18 @@ def stand_ins(log: Path, ports: dict[str, int], **options: Any) -> Iterator[Stan
         yield products
     finally:
         products.stop()
+
+
+@asynccontextmanager
+async def database(dsn: str) -> AsyncIterator[Database]:
+    """The store's own pool on a migrated database, for tests that drive it in-process."""
+    async with trio_asyncio.open_loop():
+        db = await Database.open(dsn, 2)
+        try:
+            await migrate_schema(db)
+            yield db
+        finally:
+            await db.close()
 
 
 def run_state(dsn: str, run_id: str) -> dict[str, Any]:

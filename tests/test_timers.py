@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio_asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from registry_coordinator import store
 from registry_coordinator.artifact import check_source
-from registry_coordinator.database import Database, sync_connection
+from registry_coordinator.database import sync_connection
 from registry_coordinator.expressions import format_instant
-from registry_coordinator.migrations import migrate as migrate_schema
 from registry_coordinator.steps import Advance, Sleep, on_due
 
 from .harness import (
     TEST_WORKFLOWS,
     Cluster,
+    database,
     migrate,
     put_to_sleep,
     running,
@@ -32,17 +29,6 @@ from .harness import (
 )
 
 LEASE = timedelta(seconds=30)
-
-
-@asynccontextmanager
-async def database(dsn: str) -> AsyncIterator[Database]:
-    async with trio_asyncio.open_loop():
-        db = await Database.open(dsn, 2)
-        try:
-            await migrate_schema(db)
-            yield db
-        finally:
-            await db.close()
 
 
 def run_row(dsn: str, run_id: object) -> dict[str, Any]:

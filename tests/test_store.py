@@ -1,0 +1,84 @@
+"""The store's transitions, driven in-process: several steps in one statement, fenced."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from registry_coordinator import store
+from registry_coordinator.artifact import check_source
+from registry_coordinator.database import Database, sync_connection
+from registry_coordinator.definition import Definition
+from registry_coordinator.expressions import format_instant
+from registry_coordinator.steps import Advance, Sleep, on_due
+
+from .harness import TEST_WORKFLOWS, database, events
+
+LEASE = timedelta(seconds=30)
+
+
+async def claimed_chain(db: Database, n: int) -> tuple[Definition, store.Claimed]:
+    """A run of the chain workflow, admitted and claimed at its first step."""
+    checked = check_source(TEST_WORKFLOWS / "chain.yaml")
+    assert checked.definition is not None and checked.artifact and checked.digest
+    await store.store_definition(db, checked.definition, checked.digest, checked.artifact)
+    admitted = await store.admit(db, checked.definition, checked.digest, "test", "k", {"n": n})
+    claimed = await store.claim(db, "holder:1", LEASE)
+    assert claimed is not None and claimed.id == admitted.run_id
+    return checked.definition, claimed
+
+
+@pytest.mark.trio
+async def test_the_steps_after_a_step_that_need_nothing_from_outside_commit_with_it(
+    dsn: str,
+) -> None:
+    """A wait-until already due, a choose, and the wait-until after it: one statement, an
+    event each, and the later steps see the earlier ones' completion in that statement."""
+    async with database(dsn) as db:
+        definition, run = await claimed_chain(db, 2)
+        now = run.now()
+        first = on_due(definition, run.record(), run.step, False, None, now)
+        assert first == Advance("parity", "next")
+        committed = await store.commit(db, definition, run, first, LEASE, now=now, go_on=True)
+    until = now + timedelta(milliseconds=300)
+    assert committed.taken == (
+        ("now", first),
+        ("parity", Advance("even_pause", "case 1")),
+        ("even_pause", Sleep(until)),
+    )
+    assert not committed.held and committed.ahead is None
+    assert committed.run.state == "waiting" and committed.run.step == "even_pause"
+    history = events(dsn, str(run.id))
+    assert [(e["seq"], e["kind"], e["step"]) for e in history] == [
+        (1, "admitted", "now"),
+        (2, "step-completed", "now"),
+        (3, "step-completed", "parity"),
+        (4, "waiting", "even_pause"),
+    ]
+    assert {e["at"] for e in history[1:]} == {now}
+    assert history[3]["detail"] == {"until": format_instant(until)}
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT * FROM runs WHERE id = %s", (run.id,)).fetchone()
+    assert row is not None
+    assert (row["seq"], row["state"], row["step"], row["timer_at"]) == (
+        4,
+        "waiting",
+        "even_pause",
+        until,
+    )
+    assert row["completed"] == {"now": format_instant(now), "parity": format_instant(now)}
+    assert row["lease_token"] is None and row["due_at"] == until
+
+
+@pytest.mark.trio
+async def test_a_holder_that_lost_its_lease_writes_none_of_the_steps(dsn: str) -> None:
+    async with database(dsn) as db:
+        definition, run = await claimed_chain(db, 2)
+        with sync_connection(dsn) as conn:  # another worker took the run over
+            conn.execute("UPDATE runs SET lease_token = gen_random_uuid()")
+        first = on_due(definition, run.record(), run.step, False, None, run.now())
+        assert first is not None
+        with pytest.raises(store.LeaseLost):
+            await store.commit(db, definition, run, first, LEASE, go_on=True)
+    assert [e["kind"] for e in events(dsn, str(run.id))] == ["admitted"]
