@@ -7,11 +7,13 @@ halves are in the JWKS file the service is configured with.
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import h11
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -188,6 +190,48 @@ def test_callers_see_their_own_runs_and_operators_see_all(service: Service) -> N
     assert call(service, "GET", f"/v1/runs/{mine}", token("case-portal")).json()["caller"] == (
         "case-portal"
     )
+
+
+def answer(sock: socket.socket, client: h11.Connection) -> int:
+    """The status of the next whole response on ``sock``."""
+    status = None
+    while True:
+        event = client.next_event()
+        if event is h11.NEED_DATA:
+            client.receive_data(sock.recv(65536))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.EndOfMessage):
+            assert status is not None
+            return status
+
+
+def test_a_refusal_sent_before_the_body_arrived_leaves_the_connection_usable(
+    service: Service,
+) -> None:
+    """Clients send headers and body in separate writes; under load a refusal (401, 404)
+    can be sent before the body arrives. The client's next request on that connection
+    must still be answered (it used to wait forever: a test here timed out on it)."""
+    theirs = start(service, token("other-portal")).json()["id"]
+    host, port = service.url.removeprefix("http://").split(":")
+    body = b'{"reason": "not mine"}'
+    refusals = [
+        (f"/v1/runs/{theirs}/cancel", [("Authorization", f"Bearer {token('case-portal')}")], 404),
+        ("/v1/runs", [], 401),
+        ("/v1/no-such-route", [], 404),
+    ]
+    for path, authorization, status in refusals:
+        client = h11.Connection(h11.CLIENT)
+        headers = [("Host", "test"), ("Content-Length", str(len(body))), *authorization]
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(client.send(h11.Request(method="POST", target=path, headers=headers)))
+            time.sleep(0.2)  # the server has all it needs to refuse
+            sock.sendall(client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage()))
+            assert answer(sock, client) == status, path
+            client.start_next_cycle()
+            request = h11.Request(method="GET", target="/health", headers=[("Host", "test")])
+            sock.sendall(client.send(request) + client.send(h11.EndOfMessage()))
+            assert answer(sock, client) == 200, path
 
 
 def test_run_listing_pages_with_a_cursor_and_filters(service: Service) -> None:

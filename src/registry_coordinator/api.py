@@ -153,6 +153,13 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     spec = openapi_document()
 
+    @app.before_request
+    async def read_the_body() -> None:
+        """Read the whole body before answering, even with a refusal: an answer sent while
+        the client is still sending the body leaves the connection unable to carry the
+        client's next request (hypercorn never reads it, and the client waits)."""
+        await request.get_data(as_text=False)
+
     @app.errorhandler(Problem)
     async def refused(error: Problem) -> Response:
         return problem(error.status, error.code, error.detail, **error.extra)
