@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,7 @@ from registry_coordinator.artifact import check_source
 from registry_coordinator.database import Database, sync_connection
 from registry_coordinator.definition import Definition
 from registry_coordinator.expressions import format_instant
-from registry_coordinator.steps import Advance, Sleep, on_due
+from registry_coordinator.steps import Advance, Reply, ReplyKind, Send, Sleep, on_due, settle
 
 from .harness import TEST_WORKFLOWS, database, events
 
@@ -82,3 +83,33 @@ async def test_a_holder_that_lost_its_lease_writes_none_of_the_steps(dsn: str) -
         with pytest.raises(store.LeaseLost):
             await store.commit(db, definition, run, first, LEASE, go_on=True)
     assert [e["kind"] for e in events(dsn, str(run.id))] == ["admitted"]
+
+
+@pytest.mark.trio
+async def test_the_step_after_the_chain_is_decided_once_at_the_instant_it_commits(
+    dsn: str,
+) -> None:
+    """A read's answer, then a choose in the same statement; the call after them is
+    decided there too, and handed on (with its instant) rather than decided again."""
+    checked = check_source(TEST_WORKFLOWS / "bench-four.yaml")
+    definition = checked.definition
+    assert definition is not None and checked.artifact and checked.digest
+    async with database(dsn) as db:
+        await store.store_definition(db, definition, checked.digest, checked.artifact)
+        await store.admit(db, definition, checked.digest, "test", "k", {"recordId": "app-1"})
+        run = await store.claim(db, "holder:1", LEASE)
+        assert run is not None
+        record = {"recordIdentifier": "app-1", "revisionIdentifier": "r1"}
+        answer = {"data": {**record, "domainData": {"status": "awaiting-review"}}, "meta": {}}
+        reply = Reply(ReplyKind.RESPONSE, 200, json.dumps(answer).encode())
+        now = run.now()
+        read = settle(definition, "read", reply, 0, now)
+        assert isinstance(read, Advance) and read.next == "decide"
+        committed = await store.commit(db, definition, run, read, LEASE, now=now, go_on=True)
+    assert [step for step, _ in committed.taken] == ["read", "decide"]
+    assert committed.held and committed.run.step == "act"
+    assert committed.ahead is not None and committed.ahead.at == now
+    assert isinstance(committed.ahead.transition, Send)
+    assert committed.ahead.transition == on_due(
+        definition, committed.run.record(), "act", False, None, now
+    )

@@ -315,6 +315,7 @@ class Ahead:
     call to send, a wait to register): the holder takes it from here, not decided twice."""
 
     transition: Transition | None
+    at: datetime  # the instant it was decided at, which its commit records
 
 
 @dataclass(frozen=True)
@@ -365,7 +366,7 @@ async def commit(
     while go_on and isinstance(taken[-1][1], Advance) and params["lease_token"] is not None:
         following = on_due(definition, after.record(), after.step, False, None, now)
         if not isinstance(following, TAKEN_AT_ONCE):
-            ahead = Ahead(following)
+            ahead = Ahead(following, now)
             break
         params, _ = _columns(definition, after, following, lease, keep_lease, poll, now)
         taken.append((after.step, following))

@@ -120,7 +120,7 @@ class Engine:
         """Take a held run's steps until it waits, ends, is held, or calls out; ``ahead``
         is its next step when that was already decided."""
         while True:
-            now = run.now()
+            now = run.now() if ahead is None else ahead.at
             if self.stopping:
                 await store.release(self.db, run, now)
                 return
