@@ -421,19 +421,25 @@ def _after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
     )
 
 
+#: The parameters of a ``transition`` statement that belong to its first transition.
+_AS_THE_FIRST_HAS_THEM = (
+    "token",
+    "event_step",
+    "honour_cancel",
+    "call_status",
+    "call_response",
+    "call_outcome",
+)
+
+
 def _statement(transitions: list[dict[str, Any]]) -> dict[str, Any]:
     """One ``transition`` statement for transitions taken one after another: the run's
     columns as the last leaves them, what each step recorded, an event for each, and the
     settled call (if any) and the cancellation check as the first has them."""
     first, last = transitions[0], transitions[-1]
     merged = {name: value for name, value in last.items() if name not in ("kind", "event")}
+    merged.update({name: first[name] for name in _AS_THE_FIRST_HAS_THEM})
     merged.update(
-        token=first["token"],
-        event_step=first["event_step"],
-        honour_cancel=first["honour_cancel"],
-        call_status=first["call_status"],
-        call_response=first["call_response"],
-        call_outcome=first["call_outcome"],
         outputs={k: v for t in transitions for k, v in t["outputs"].items()},
         completed={k: v for t in transitions for k, v in t["completed"].items()},
         kinds=[t["kind"] for t in transitions],
