@@ -74,6 +74,13 @@ def cli(*args: str | Path, url: str, token: Path | None = None) -> subprocess.Co
     )
 
 
+def start(*args: str, url: str, token: Path) -> str:
+    """``coordinator runs start ARGS --format json``: the id of the run it started."""
+    started = cli("runs", "start", *args, "--format", "json", url=url, token=token)
+    assert started.returncode == 0, started.stderr
+    return str(json.loads(started.stdout)["id"])
+
+
 def test_every_cli_command_against_a_live_service(dsn: str, tmp_path: Path) -> None:
     key = tmp_path / "signing-key.pem"
     operator = tmp_path / "operator.token"
@@ -103,21 +110,9 @@ def test_every_cli_command_against_a_live_service(dsn: str, tmp_path: Path) -> N
         tmp_path, dsn, ["notify", "act", "timed-choice"], connections, extra={"auth": auth}
     ) as (service, products):
         url = service.url
-        started = cli(
-            "runs",
-            "start",
-            "timed-choice",
-            "--input",
-            '{"answer": "yes"}',
-            "--key",
-            "k-1",
-            "--format",
-            "json",
-            url=url,
-            token=portal,
+        run = start(
+            "timed-choice", "--input", '{"answer": "yes"}', "--key", "k-1", url=url, token=portal
         )
-        assert started.returncode == 0, started.stderr
-        run = json.loads(started.stdout)["id"]
         input_file = tmp_path / "input.json"
         input_file.write_text('{"answer": "yes"}')
         again = cli(
@@ -144,19 +139,7 @@ def test_every_cli_command_against_a_live_service(dsn: str, tmp_path: Path) -> N
         lines = history.stdout.splitlines()
         for column in ("  #", " by "):
             assert len({line.index(column) for line in lines}) == 1, history.stdout
-        waiting = json.loads(
-            cli(
-                "runs",
-                "start",
-                "timed-choice",
-                "--input",
-                '{"answer": "no"}',
-                "--format",
-                "json",
-                url=url,
-                token=portal,
-            ).stdout
-        )["id"]
+        waiting = start("timed-choice", "--input", '{"answer": "no"}', url=url, token=portal)
         cancelled = cli(
             "runs", "cancel", waiting, "--reason", "duplicate application", url=url, token=portal
         )
@@ -166,19 +149,7 @@ def test_every_cli_command_against_a_live_service(dsn: str, tmp_path: Path) -> N
         products.faults("messaging", {"match": "POST /v1/messages", **hang})
         products.faults("breg", {"match": "POST /v1/actions", **hang})
         held_notice, held_action = (
-            json.loads(
-                cli(
-                    "runs",
-                    "start",
-                    workflow,
-                    "--input",
-                    text,
-                    "--format",
-                    "json",
-                    url=url,
-                    token=portal,
-                ).stdout
-            )["id"]
+            start(workflow, "--input", text, url=url, token=portal)
             for workflow, text in (
                 ("notify", '{"email": "a@example.org"}'),
                 ("act", '{"recordId": "app-9"}'),
