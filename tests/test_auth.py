@@ -248,14 +248,17 @@ def test_run_listing_pages_with_a_cursor_and_filters(service: Service) -> None:
             break
     assert sorted(seen) == sorted(started)
     assert len(seen) == len(set(seen))
-    running = call(
-        service,
-        "GET",
-        "/v1/runs",
-        operator,
-        params={"state": "finished", "workflow": "timed-choice"},
-    ).json()["runs"]
-    assert all(r["state"] == "finished" for r in running)
+    filters = {"state": "finished", "workflow": "timed-choice"}
+    deadline = time.monotonic() + 30  # the runs finish after their 2 s wait-until
+    while True:
+        finished = call(service, "GET", "/v1/runs", operator, params=filters).json()["runs"]
+        if {r["id"] for r in finished} == set(started) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert {r["id"] for r in finished} == set(started)
+    assert all(r["state"] == "finished" for r in finished)
+    other = {"state": "finished", "workflow": "deadline"}
+    assert call(service, "GET", "/v1/runs", operator, params=other).json()["runs"] == []
     bad = call(service, "GET", "/v1/runs", operator, params={"state": "sleeping"})
     assert bad.json()["code"] == "request.invalid-filter"
     assert call(service, "GET", "/v1/runs", operator, params={"cursor": "%%%"}).status_code == 400

@@ -89,14 +89,14 @@ def test_killed_at_a_chosen_point_every_run_still_finishes_once(
     migrate(config)
     log = tmp_path / "service.log"
     doomed = Service(config, log, crash_at=point).wait_listening()
-    admit_until_dead(doomed, 10)
+    admitted = admit_until_dead(doomed, 10)
     assert doomed.process.wait(30) == -9, "the crash point was never reached"
     with sync_connection(dsn) as conn:
         unfinished = conn.execute("SELECT count(*) AS n FROM runs WHERE ended_at IS NULL")
         assert (unfinished.fetchone() or {})["n"] > 0, "the kill left nothing to recover"
     with running(config, log):
         wait_all_ended(dsn)
-    check_chain_runs(dsn, minimum=1)
+    check_chain_runs(dsn, minimum=admitted)  # every run the service said it admitted, and more
 
 
 def test_killed_inside_a_transition_nothing_of_it_remains(dsn: str, tmp_path: Path) -> None:
@@ -122,6 +122,7 @@ def test_killed_inside_a_transition_nothing_of_it_remains(dsn: str, tmp_path: Pa
     with sync_connection(dsn) as conn:
         ended = conn.execute("SELECT id, outcome FROM runs").fetchall()
         assert len(ended) >= 3
+        assert set(runs) <= {str(run["id"]) for run in ended}  # no admitted run was lost
         for run in ended:
             assert run["outcome"] == "not-decided"
             events = conn.execute(
