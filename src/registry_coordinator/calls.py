@@ -213,6 +213,11 @@ class Calls:
     async def _tracked(self, job: Coroutine[Any, Any, None], token: uuid.UUID) -> None:
         try:
             await job
+        except Unavailable as exc:
+            # As a worker does: the run is left to its lease, and this process goes on.
+            log.warning("database unavailable: %s", exc)
+        except Exception:
+            log.exception("call task: unexpected error; the run is left to its lease")
         finally:
             self.holdings.let_go(token)
             self._in_flight -= 1
@@ -246,9 +251,9 @@ class Calls:
                 ).observe(trio.current_time() - started)
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
                 committed = await self._settle_persistently(definition, run, reply)
-            await self._go_on(definition, committed)
         except store.LeaseLost:
             log.warning("lost the lease before the call was recorded", extra={"run": run.id})
+            return
         except trio.Cancelled:
             # Shutdown. A request that may have left is an uncertain outcome; one that
             # never left gives the run back untouched.
@@ -261,6 +266,9 @@ class Calls:
             raise
         finally:
             product.queued -= 1
+        # Outside the handler above: once the answer is recorded, a shutdown while the run
+        # goes on must not record the call again as interrupted.
+        await self._go_on(definition, committed)
 
     async def _fetch(self, definition: Definition, run: store.Claimed, fetch: Fetch) -> None:
         step = definition.step(run.step)
@@ -288,13 +296,14 @@ class Calls:
                 else:
                     due = await store.release_wait(self.db, run, step, fetch.key, poll, since)
                     self.timer.scheduled((due - run.now()).total_seconds())
-            await self._go_on(definition, committed)
         except store.LeaseLost:
             log.warning("lost the lease while reading the result", extra={"run": run.id})
+            return
         except trio.Cancelled:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await store.release_wait(self.db, run, step, fetch.key, poll, since)
             raise
+        await self._go_on(definition, committed)  # as after a call: outside the handler
 
     async def _go_on(self, definition: Definition, committed: store.Committed | None) -> None:
         """Take the run's next steps now if its call or read completed its step."""
