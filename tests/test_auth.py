@@ -6,6 +6,7 @@ halves are in the JWKS file the service is configured with.
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
@@ -124,6 +125,10 @@ def test_refused_tokens_get_401_with_a_code(service: Service) -> None:
             jwt.encode(
                 {"iss": DEVELOPMENT_ISSUER}, other, algorithm="EdDSA", headers={"kid": "nobody"}
             ),
+        ),
+        (  # the Ed25519 key's id on an RS256 token: refused, not tried with the wrong key
+            "auth.invalid-token",
+            jwt.encode({"iss": "x"}, KEYS["rsa"][1], algorithm="RS256", headers={"kid": "ed"}),
         ),
         ("auth.expired", token("case-portal", iat=now - 600, exp=now - 120)),
         ("auth.wrong-audience", token("case-portal", aud="someone-else")),
@@ -261,7 +266,17 @@ def test_run_listing_pages_with_a_cursor_and_filters(service: Service) -> None:
     assert call(service, "GET", "/v1/runs", operator, params=other).json()["runs"] == []
     bad = call(service, "GET", "/v1/runs", operator, params={"state": "sleeping"})
     assert bad.json()["code"] == "request.invalid-filter"
-    assert call(service, "GET", "/v1/runs", operator, params={"cursor": "%%%"}).status_code == 400
+    unreadable = [
+        "%%%",
+        base64.urlsafe_b64encode(b'["2024-01-01T00:00:00Z", 5]').decode(),
+        base64.urlsafe_b64encode(
+            f'["9999-12-31T23:59:59-23:59", "{started[0]}"]'.encode()
+        ).decode(),
+    ]
+    for cursor in unreadable:
+        refused = call(service, "GET", "/v1/runs", operator, params={"cursor": cursor})
+        assert refused.status_code == 400, (cursor, refused.text)
+        assert refused.json()["code"] == "request.invalid-cursor"
     workflows = call(service, "GET", "/v1/workflows", token("stranger")).json()["workflows"]
     assert sorted(w["id"] for w in workflows) == ["deadline", "timed-choice"]
 

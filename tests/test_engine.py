@@ -141,6 +141,13 @@ def test_bad_starts_get_a_clear_4xx_and_change_nothing(dsn: str, tmp_path: Path)
         ),
         (
             key,
+            b'{"workflow": "timed-choice", "input": {"answer": ' + b"[" * 65 + b"]" * 65 + b"}}",
+            400,
+            "request.too-deep",
+        ),
+        (key, b"[" * 1500 + b"]" * 1500, 400, "request.too-deep"),  # too deep to parse
+        (
+            key,
             b'{"workflow": "timed-choice", "input": {"answer": "' + b"x" * 5000 + b'"}}',
             413,
             "request.too-large",

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from registry_coordinator.artifact import build
-from registry_coordinator.canonical import canonical_bytes, digest_of
+from registry_coordinator.canonical import canonical_bytes, digest_of, nesting
 from registry_coordinator.catalog import builtin_catalog
 from registry_coordinator.checker import CheckReport, check_document
 from registry_coordinator.durations import format_duration, parse_duration
@@ -257,6 +257,22 @@ def test_canonical_json_is_stable(value: JSON, rnd: random.Random) -> None:
     assert canonical_bytes(shuffled(value, rnd)) == data
     assert canonical_bytes(json.loads(data)) == data
     assert b"\n" not in data
+
+
+def depth(value: JSON) -> int:
+    """Nesting, counted the obvious recursive way."""
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    return 0
+
+
+@given(json_values, st.integers(min_value=0, max_value=5))
+def test_nesting_counts_as_deep_as_the_value_goes(value: JSON, wrap: int) -> None:
+    for _ in range(wrap):
+        value = [value]
+    assert nesting(value) == depth(value)
 
 
 @given(json_values)

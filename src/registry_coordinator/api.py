@@ -27,7 +27,7 @@ from werkzeug.exceptions import HTTPException
 from . import admission, operations, store
 from .auth import Authenticator, Caller
 from .calls import Product
-from .canonical import storable
+from .canonical import nesting, storable
 from .catalog import builtin_catalog
 from .database import Database, Row, Unavailable
 from .expressions import format_instant, parse_instant
@@ -127,6 +127,11 @@ def _run_id(text: str) -> uuid.UUID:
         raise Problem(404, "run.not-found", f"no run {text} that you may see") from None
 
 
+#: How deep a request body may nest: far beyond any workflow input, well within what
+#: the JSON Schema validator and the database's jsonb take.
+MAX_NESTING = 64
+
+
 def _cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
     """A page cursor: the (admitted_at, id) of the last run on the previous page."""
     if text is None:
@@ -134,7 +139,7 @@ def _cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
     try:
         at, run_id = json.loads(base64.urlsafe_b64decode(text.encode() + b"=="))
         return parse_instant(at), uuid.UUID(run_id)
-    except (ValueError, TypeError, UnicodeDecodeError):
+    except (ValueError, TypeError, AttributeError, OverflowError, UnicodeDecodeError):
         raise Problem(
             400,
             "request.invalid-cursor",
@@ -188,10 +193,17 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
     async def body_json() -> JSON:
         raw = await request.get_data(as_text=False)
         assert isinstance(raw, bytes)
+        too_deep = Problem(
+            400, "request.too-deep", f"the body nests arrays and objects over {MAX_NESTING} deep"
+        )
         try:
             body = json.loads(raw) if raw else {}
         except (UnicodeDecodeError, ValueError) as exc:
             raise Problem(400, "request.malformed-json", f"the body is not JSON: {exc}") from None
+        except RecursionError:
+            raise too_deep from None
+        if nesting(body) > MAX_NESTING:
+            raise too_deep
         if not storable(body):
             raise Problem(
                 400,

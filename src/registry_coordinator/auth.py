@@ -138,6 +138,12 @@ class Authenticator:
             raise Problem(
                 401, "auth.unknown-key", "the token's key id is not in the issuer's key set"
             )
+        if key.algorithm_name != algorithm:
+            raise Problem(
+                401,
+                "auth.invalid-token",
+                f"the token says {algorithm}, but its key {key_id} is for {key.algorithm_name}",
+            )
         try:
             claims = jwt.decode(
                 token,

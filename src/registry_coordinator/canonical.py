@@ -31,6 +31,20 @@ def canonical_bytes(data: Any) -> bytes:
     return text.encode("utf-8")
 
 
+def nesting(value: Any) -> int:
+    """How deep arrays and objects nest in a JSON value (a scalar is 0), counted without
+    recursion, so that any depth can be measured and refused."""
+    deepest, stack = 0, [(value, 0)]  # each value, and how deep its container is
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend(
+                (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
 def storable(value: Any) -> bool:
     """Whether JSON text can be kept in PostgreSQL: no NUL character (text and jsonb refuse
     it) and no unpaired surrogate (not UTF-8)."""

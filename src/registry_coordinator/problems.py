@@ -14,6 +14,7 @@ CODES: dict[str, str] = {
     "request.invalid": "the body is not the object this route takes",
     "request.malformed-json": "the body is not JSON",
     "request.unstorable-text": "the body holds a NUL character or an unpaired surrogate",
+    "request.too-deep": "the body nests arrays and objects too deep",
     "request.too-large": "the body is larger than the configured limit",
     "request.idempotency-key-missing": "a start without an Idempotency-Key header",
     "request.idempotency-key-invalid": "an Idempotency-Key that is not 1-200 visible ASCII",
