@@ -42,6 +42,12 @@ POLICIES = [
         "workflows": ["*"],
         "actions": ["start", "read"],
     },
+    {
+        "client": "case-portal",
+        "scopes": ["coordinator.deadlines"],
+        "workflows": ["deadline"],
+        "actions": ["start", "read"],
+    },
     {"client": "registry-operators", "scopes": ["coordinator.operate"], "operator": True},
 ]
 
@@ -170,6 +176,26 @@ def test_a_valid_token_without_a_policy_gets_403(service: Service) -> None:
         service, "POST", "/v1/admission/hold", token("case-portal"), json={"reason": "x"}
     )
     assert not_operator.json()["code"] == "auth.operator-required"
+
+
+def test_a_run_is_read_and_cancelled_only_under_a_policy_for_its_workflow(
+    service: Service,
+) -> None:
+    """A caller's own run of a workflow its token's policies do not cover (started under
+    another scope) is refused, as its start would be."""
+    deadlines = token("case-portal", scopes="coordinator.deadlines")
+    run = start(service, deadlines, workflow="deadline").json()["id"]
+    assert call(service, "GET", f"/v1/runs/{run}", deadlines).status_code == 200
+    runs_only = token("case-portal")  # timed-choice only
+    for method, path, body in [
+        ("GET", f"/v1/runs/{run}", None),
+        ("GET", f"/v1/runs/{run}/history", None),
+        ("POST", f"/v1/runs/{run}/cancel", {"reason": "not under this policy"}),
+    ]:
+        refused = call(service, method, path, runs_only, json=body)
+        assert refused.status_code == 403, (path, refused.text)
+        assert refused.json()["code"] == "auth.forbidden"
+    assert call(service, "GET", f"/v1/runs/{run}", deadlines).json()["state"] != "cancelled"
 
 
 def test_callers_see_their_own_runs_and_operators_see_all(service: Service) -> None:

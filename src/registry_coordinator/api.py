@@ -213,11 +213,14 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             )
         return body
 
-    async def visible_run(who: Caller, run_id: str) -> Row:
-        """A run the caller may see: its own, or any for an operator."""
+    async def visible_run(who: Caller, run_id: str, action: str) -> Row:
+        """A run the caller may see (its own, or any for an operator) and may take ``action``
+        on: its token's policies must cover the run's workflow, as they did its start."""
+        who.require(action)
         row = await store.status(context.db, _run_id(run_id))
         if row is None or not (who.operator or row["caller"] == who.client):
             raise Problem(404, "run.not-found", f"no run {run_id} that you may see")
+        who.require(action, row["workflow_id"])
         return row
 
     @app.post("/v1/runs")
@@ -288,14 +291,12 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
     @app.get("/v1/runs/<run_id>")
     async def get_run(run_id: str) -> Response:
         who = await caller()
-        who.require("read")
-        return _json(run_status(await visible_run(who, run_id)))
+        return _json(run_status(await visible_run(who, run_id, "read")))
 
     @app.get("/v1/runs/<run_id>/history")
     async def get_history(run_id: str) -> Response:
         who = await caller()
-        who.require("read")
-        row = await visible_run(who, run_id)
+        row = await visible_run(who, run_id, "read")
         events = await store.history(context.db, row["id"])
         return _json(
             {
@@ -319,12 +320,9 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
         if action not in ("cancel", "retry-same", "reconcile"):
             raise Problem(404, "route.not-found", f"no run action {action}")
         who = await caller()
-        if action == "cancel":
-            who.require("cancel")
-            row = await visible_run(who, run_id)
-        else:
+        if action != "cancel":
             who.require_operator()
-            row = await visible_run(who, run_id)
+        row = await visible_run(who, run_id, "cancel" if action == "cancel" else "read")
         reason = operations.require_reason(await body_json())
         status = 200
         if action == "cancel":
