@@ -82,9 +82,12 @@ def service(
             running.stop()
 
 
-def wait_ready(running: Service) -> None:
+def wait_ready(running: Service, timeout: float = 120) -> None:
     """Until the service answers /ready with 200, polled every 10 ms to time its startup."""
+    deadline = time.monotonic() + timeout
     while True:
+        if running.process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"benchmark: the service did not get ready (see {running.log})")
         try:
             if running.http.get("/ready", timeout=1).status_code == 200:
                 return
@@ -448,8 +451,10 @@ def recover(cluster: Cluster, directory: Path, count: int, restart: str) -> list
                 assert row is not None
                 if taken is None and row["stuck"] == 0:
                     taken = time.monotonic() - killed
-                if row["open"] == 0 or time.monotonic() > deadline:
+                if row["open"] == 0:
                     break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"benchmark: {row['open']} runs still open after 600 s")
                 time.sleep(0.05)
         resumed = time.monotonic() - killed
         second.stop()
@@ -457,7 +462,7 @@ def recover(cluster: Cluster, directory: Path, count: int, restart: str) -> list
         f"at the kill {left['n']} unfinished, {len(left['claims'] or [])} held by the process, "
         f"{left['dispatched']} mid-call",
         f"ready {ready:.2f} s",
-        f"its runs moved on {taken or 0:.2f} s",
+        f"its runs moved on {resumed if taken is None else taken:.2f} s",
         f"all runnable runs ended {resumed:.2f} s after the kill",
         f"held for an operator (killed mid-mutation): {row['held']}",
     ]
@@ -496,7 +501,6 @@ def main() -> None:
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmarks {unknown}; choose from {', '.join(BENCHMARKS)}")
-    os.environ.setdefault("STANDIN_TOKEN", "test-token-1")
     with tempfile.TemporaryDirectory(prefix="coordinator-bench-") as scratch:
         directory = Path(scratch)
         os.chmod(directory, 0o755)

@@ -50,7 +50,6 @@ def coordinator(*args: str | Path, cwd: Path | None = None) -> subprocess.Comple
 
 
 TEST_WORKFLOWS = Path(__file__).resolve().parent / "workflows"
-TERMINAL = {"finished", "failed", "expired", "cancelled"}
 
 
 # Found without importing the package, whose import warns when XDG_RUNTIME_DIR is unset.

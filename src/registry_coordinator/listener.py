@@ -1,7 +1,7 @@
 """The listener: one dedicated connection LISTENing for work that became due.
 
-Webhook deliveries, admissions and runs given back by call pools NOTIFY
-``coordinator_wake``; the listener wakes an idle worker, so a run woken in another
+Admissions and webhook deliveries NOTIFY ``coordinator_wake`` (in the statements
+that write them); the listener wakes an idle worker, so a run woken in another
 process resumes in milliseconds. Notifications are best-effort: after every
 (re)connect the workers catch up from the tables, and the timer's sweep is the
 safety net, so correctness never depends on a notification arriving.

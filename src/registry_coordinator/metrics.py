@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from .authoring import step_type
 from .definition import Definition
+from .store import TERMINAL
 
 if TYPE_CHECKING:
     from .store import Committed
@@ -93,7 +94,7 @@ class Metrics:
         for step, _ in committed.taken:
             self.transitions.labels(step_type(definition.step(step))).inc()
         state = committed.run.state
-        if state in ("finished", "failed", "expired", "cancelled"):
+        if state in TERMINAL:
             self.runs_ended.labels(definition.id, state, committed.outcome or "").inc()
 
     def woke(self, lateness: list[float]) -> None:

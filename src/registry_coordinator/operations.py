@@ -20,12 +20,12 @@ from .catalog import Recovery
 from .database import Connection, Database, Row
 from .problems import Problem
 from .steps import ReplyKind, build_receipt_request
+from .store import TERMINAL
 from .timers import Timer
 from .workflows import Workflows
 
 JSON = Any
 MAX_REASON = 1000
-TERMINAL = ("finished", "failed", "expired", "cancelled")
 
 
 def require_reason(body: JSON) -> str:

@@ -346,9 +346,6 @@ SET lease_owner = NULL, lease_token = NULL,
 WHERE id = %(id)s AND lease_token = %(token)s
 RETURNING due_at;
 
--- name: notify_wake
-SELECT pg_notify('coordinator_wake', %(why)s);
-
 -- name: list_runs_of_caller
 -- One page of a caller's runs, newest first, after the cursor (admitted_at, id).
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
