@@ -185,6 +185,11 @@ def test_every_cli_command_against_a_live_service(dsn: str, tmp_path: Path) -> N
 
         assert cli("runs", "status", "no-such-run", url=url, token=portal).returncode == 1
         assert cli("runs", "list", url=url).returncode == 1  # no token: 401
+        not_a_token = tmp_path / "not-a-token"
+        not_a_token.write_bytes("jwt-é".encode("latin-1"))
+        garbled = cli("runs", "list", url=url, token=not_a_token)
+        assert garbled.returncode == 2 and "does not hold a token" in garbled.stderr
+        assert "Traceback" not in garbled.stderr
         assert cli("runs", "cancel", run, url=url, token=portal).returncode == 2  # no --reason
         assert cli("runs", "start", "x", "--input", "{oops", url=url, token=portal).returncode == 2
         assert cli("runs", "list", url="http://127.0.0.1:1", token=portal).returncode == 3

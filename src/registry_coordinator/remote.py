@@ -72,10 +72,17 @@ def run(args: argparse.Namespace) -> int:
     headers = {}
     if args.token_file is not None:
         try:
-            headers["Authorization"] = f"Bearer {Path(args.token_file).read_text().strip()}"
+            token = Path(args.token_file).read_text("ascii").strip()
         except OSError as exc:
             print(f"coordinator: cannot read the token file: {exc.strerror}", file=sys.stderr)
             return USAGE
+        except UnicodeDecodeError:
+            print(
+                f"coordinator: {args.token_file} does not hold a token (a JWT is ASCII text)",
+                file=sys.stderr,
+            )
+            return USAGE
+        headers["Authorization"] = f"Bearer {token}"
     try:
         request = _request(args)
     except ValueError as exc:
