@@ -26,7 +26,10 @@ from registry_coordinator.steps import (
     RunRecord,
     Send,
     Sleep,
+    UnsafePath,
+    build_receipt_request,
     build_request,
+    detail,
     enter,
     result_arrived,
     settle,
@@ -78,6 +81,41 @@ def reply(
         (reply(404), FailureCode.PRODUCT_REFUSED, FailureCode.PRODUCT_REFUSED),
         (reply(409), FailureCode.PRODUCT_REFUSED, FailureCode.PRODUCT_REFUSED),
         (reply(422), FailureCode.PRODUCT_REFUSED, FailureCode.PRODUCT_REFUSED),
+        # Only 400, 404, 409 and 422 refuse the command; any other 4xx says nothing of it.
+        (reply(408), Retry, HoldCode.OUTCOME_UNKNOWN),
+        (reply(410), Retry, HoldCode.OUTCOME_UNKNOWN),
+        (reply(418), Retry, HoldCode.OUTCOME_UNKNOWN),
+        (reply(423), Retry, HoldCode.OUTCOME_UNKNOWN),
+        (reply(425), Retry, HoldCode.OUTCOME_UNKNOWN),
+        (reply(451), Retry, HoldCode.OUTCOME_UNKNOWN),
+        # 2xx answers PostgreSQL could not store are invalid answers, never stored.
+        (reply(200, b'{"id": NaN, "status": "accepted"}'), Retry, HoldCode.RESPONSE_INVALID),
+        (
+            reply(200, b'{"id": "m", "status": "accepted", "n": -Infinity}'),
+            Retry,
+            HoldCode.RESPONSE_INVALID,
+        ),
+        (
+            reply(200, b'{"id": "m", "status": "accepted", "n": 1e999}'),
+            Retry,
+            HoldCode.RESPONSE_INVALID,
+        ),
+        (reply(200, b'{"id": "m\\u0000", "status": "accepted"}'), Retry, HoldCode.RESPONSE_INVALID),
+        (reply(200, b'{"id": "\\ud800", "status": "accepted"}'), Retry, HoldCode.RESPONSE_INVALID),
+        (
+            reply(
+                200,
+                b'{"id": "m", "status": "accepted", "d": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            ),
+            Retry,
+            HoldCode.RESPONSE_INVALID,
+        ),
+        (
+            reply(200, b'{"id": "m", "status": "accepted", "d": ' + b"[" * 65 + b"]" * 65 + b"}"),
+            Retry,
+            HoldCode.RESPONSE_INVALID,
+        ),
+        (reply(200, b"\xff\xfe"), Retry, HoldCode.RESPONSE_INVALID),
     ],
 )
 def test_call_outcomes(given: Reply, read: object, mutation: object) -> None:
@@ -116,6 +154,20 @@ def test_error_bodies_are_truncated() -> None:
     assert len(transition.detail) <= 500
 
 
+def test_details_escape_what_the_database_cannot_store() -> None:
+    """A NUL byte in an error body, or a NUL escape in an invalid answer, is shown escaped:
+    the detail is text PostgreSQL stores, and still says what the product sent."""
+    refused = settle(TUTORIAL, MUTATION, reply(422, b"bad\x00field\x1b[31m"), 1, NOW)
+    assert isinstance(refused, Failed)
+    assert refused.detail == "422: bad\\u0000field\\u001b[31m"
+    invalid = settle(TUTORIAL, MUTATION, reply(201, b'{"id": "m\\u0000", "status": "x"}'), 1, NOW)
+    assert isinstance(invalid, Held)
+    assert "\x00" not in invalid.detail
+    assert 'the body began: {"id": "m\\u0000", "status": "x"}' in invalid.detail
+    assert detail("lone \ud800 surrogate") == "lone \\ud800 surrogate"
+    assert len(detail("é" * 1000)) == 500
+
+
 def run(**outputs: object) -> RunRecord:
     return RunRecord(
         "run-1",
@@ -143,6 +195,30 @@ def test_a_call_is_sealed_with_a_stable_key_and_escaped_path() -> None:
         "kind": "application-review",
         "subject": {"type": "application", "id": "app 1/2"},
     }
+
+
+@pytest.mark.parametrize("record_id", [".", ".."])
+def test_a_path_parameter_that_would_name_another_path_fails_the_run(record_id: str) -> None:
+    """``recordId: ".."`` would reach GET /v1/records/applications/.. = /v1/records (HTTP
+    clients remove dot segments): the call is refused before anything is sent, and so is
+    a wait whose key names no result that can be read."""
+    read = enter(TUTORIAL, READ, RunRecord("run-1", {"applicationId": record_id}, NOW, NOW), NOW)
+    assert isinstance(read, Failed)
+    assert read.code is FailureCode.REQUEST_INVALID
+    assert f"recordId is {record_id!r}, which cannot be a path segment" in read.detail
+    waiting = enter(TUTORIAL, "await_decision", run(request_review={"requestId": record_id}), NOW)
+    assert isinstance(waiting, Failed)
+    assert waiting.code is FailureCode.REQUEST_INVALID
+    for unsafe in (record_id, ""):
+        with pytest.raises(UnsafePath):
+            build_receipt_request(TUTORIAL.operations["notify"], unsafe)
+
+
+def test_dots_inside_a_path_parameter_stay_literal() -> None:
+    op = TUTORIAL.operations[READ]
+    for value, segment in (("...", "..."), ("a/..", "a%2F.."), ("%2e%2e", "%252e%252e")):
+        request = build_request(op, {"collection": "c", "recordId": value}, None)
+        assert request.target == f"/v1/records/c/{segment}"
 
 
 def test_query_parameters_for_reads() -> None:

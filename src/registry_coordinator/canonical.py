@@ -1,20 +1,75 @@
-"""Canonical JSON: the one byte form an artifact's digest is taken over.
+"""Canonical JSON, and the one strict reading of JSON that comes from outside.
 
-Sorted keys, no insignificant whitespace, UTF-8 without escaping, integers as
-integers and finite floats in Python's shortest round-trip form (which is what
-RFC 8785 prescribes for the numbers workflows contain). The same data always
-gives the same bytes, whatever YAML style or key order it was written in.
+Canonical JSON is the one byte form an artifact's digest is taken over: sorted
+keys, no insignificant whitespace, UTF-8 without escaping, integers as integers
+and finite floats in Python's shortest round-trip form (which is what RFC 8785
+prescribes for the numbers workflows contain). The same data always gives the
+same bytes, whatever YAML style or key order it was written in.
+
+JSON from outside — request bodies, webhook deliveries, products' answers and
+receipts — is read by :func:`strict_json` only, which refuses what PostgreSQL
+could not store or the engine could not evaluate: NaN and Infinity, a NUL
+character, an unpaired surrogate, nesting deeper than :data:`MAX_NESTING`. So
+whatever it accepts can be stored and used; what it refuses is an invalid answer,
+never a statement that fails half-way through recording one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
+
+#: How deep JSON from outside may nest: far beyond any workflow input or product answer,
+#: well within what the JSON Schema validator, CEL and the database's jsonb take.
+MAX_NESTING = 64
 
 
 class CanonicalError(ValueError):
     """Data that has no canonical JSON form (NaN, non-string keys, sets, ...)."""
+
+
+class UnusableJson(ValueError):
+    """JSON from outside that cannot be stored or used; ``reason`` says which rule it broke."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason  # not-json, too-deep or unstorable
+
+
+def refuse_constant(name: str) -> Any:
+    """For ``json.loads``: NaN and Infinity are not JSON numbers (RFC 8259)."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large for a JSON number")
+    return value
+
+
+def strict_json(data: bytes, max_nesting: int = MAX_NESTING) -> Any:
+    """Parse JSON text from outside, refusing with :class:`UnusableJson` what cannot be
+    stored or used (see the module's docstring)."""
+    too_deep = UnusableJson("too-deep", f"arrays and objects nest over {max_nesting} deep")
+    try:
+        value = json.loads(
+            data.decode("utf-8"), parse_constant=refuse_constant, parse_float=_finite
+        )
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UnusableJson("not-json", f"not JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
+    if nesting(value) > max_nesting:
+        raise too_deep
+    if not storable(value):
+        raise UnusableJson(
+            "unstorable",
+            "it holds a NUL character (\\u0000) or an unpaired surrogate, which cannot be stored",
+        )
+    return value
 
 
 def canonical_bytes(data: Any) -> bytes:

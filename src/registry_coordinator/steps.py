@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from .authoring import Call, Choose, Finish, WaitFor, WaitUntil
-from .canonical import canonical_bytes
+from .canonical import UnusableJson, canonical_bytes, strict_json
 from .catalog import Effect, Operation, Result
 from .definition import Definition
 from .expressions import EvaluationError, parse_instant, to_json, variables
@@ -29,6 +29,9 @@ from .failures import FailureCode, HoldCode
 
 JSON = Any
 
+#: The statuses by which a product refuses a command as sent (SPEC section 5): the run
+#: fails. Every other 4xx is no such statement, and is treated as an unknown outcome.
+REFUSALS = frozenset({400, 404, 409, 422})
 BACKOFF_BASE = timedelta(seconds=1)
 BACKOFF_CAP = timedelta(minutes=5)
 MAX_DETAIL = 500
@@ -202,8 +205,13 @@ def enter(definition: Definition, step_id: str, run: RunRecord, now: datetime) -
             key = definition.expression(step_id, step.key).evaluate(scope)
             if not isinstance(key, str) or not key:
                 raise EvaluationError(f"{step.key}: gave {to_json(key)!r}, not a non-empty string")
+            result = definition.results[step_id]
+            try:
+                path_segment(result.fetch_input, key)  # the key names the result to read
+            except UnsafePath as exc:
+                return Failed(FailureCode.REQUEST_INVALID, detail(f"{step.key}: {exc}"))
             timeout_at = now + step.timeout if step.timeout is not None else None
-            return Await(definition.results[step_id], key, timeout_at)
+            return Await(result, key, timeout_at)
         if isinstance(step, Finish):
             output = definition.render(step_id, scope) if step_id in definition.templates else None
             problems = definition.schema_errors(definition.workflow.outcomes[step.outcome], output)
@@ -216,7 +224,7 @@ def enter(definition: Definition, step_id: str, run: RunRecord, now: datetime) -
             return Finished(step.outcome, output)
         return _send(definition, step, run, scope)
     except EvaluationError as exc:
-        return Failed(FailureCode.EXPRESSION_ERROR, _truncate(str(exc)))
+        return Failed(FailureCode.EXPRESSION_ERROR, detail(str(exc)))
 
 
 def _instant(value: Any, source: str) -> datetime:
@@ -240,7 +248,14 @@ def _send(definition: Definition, step: Call, run: RunRecord, scope: dict[str, A
             f"input for {operation.product}/{operation.name} does not fit its schema: "
             + "; ".join(problems),
         )
-    return Send(build_request(operation, payload, idempotency_key(run.run_id, step.id)))
+    try:
+        request = build_request(operation, payload, idempotency_key(run.run_id, step.id))
+    except UnsafePath as exc:
+        return Failed(
+            FailureCode.REQUEST_INVALID,
+            detail(f"input for {operation.product}/{operation.name}: {exc}"),
+        )
+    return Send(request)
 
 
 def idempotency_key(run_id: str, step_id: str) -> str:
@@ -248,12 +263,27 @@ def idempotency_key(run_id: str, step_id: str) -> str:
     return f"coordinator:{run_id}:{step_id}"
 
 
+class UnsafePath(ValueError):
+    """A path parameter that would name another path of the product: empty, ``.`` or ``..``
+    (percent-encoding keeps ``/`` and ``%`` literal, but HTTP clients and servers remove
+    dot segments, so ``recordId: ".."`` would reach the collection's parent)."""
+
+
+def path_segment(name: str, value: JSON) -> str:
+    """A path parameter's value, encoded as one literal path segment."""
+    text = _query_value(value)
+    if text in ("", ".", ".."):
+        raise UnsafePath(f"{name} is {text!r}, which cannot be a path segment")
+    return quote(text, safe="")
+
+
 def build_request(operation: Operation, payload: dict[str, JSON], key: str | None) -> Request:
-    """Place the input: path parameters into the path, the rest into query (GET) or body."""
+    """Place the input: path parameters into the path, the rest into query (GET) or body.
+    Raises :class:`UnsafePath` for a path parameter that is not a safe segment."""
     target = operation.path
     rest = dict(payload)
     for name in operation.path_params:
-        target = target.replace("{" + name + "}", quote(str(rest.pop(name)), safe=""))
+        target = target.replace("{" + name + "}", path_segment(name, rest.pop(name)))
     body = None
     if operation.method == "GET":
         if rest:
@@ -266,7 +296,7 @@ def build_request(operation: Operation, payload: dict[str, JSON], key: str | Non
 def build_receipt_request(operation: Operation, key: str) -> Request:
     """The read-only lookup of the product's record of an original idempotency key."""
     assert operation.receipt is not None
-    return Request("GET", operation.receipt.replace("{key}", quote(key, safe="")), None, None)
+    return Request("GET", operation.receipt.replace("{key}", path_segment("key", key)), None, None)
 
 
 def _query_value(value: JSON) -> str:
@@ -318,7 +348,7 @@ def settle(
     assert isinstance(step, Call)
     retry_at = now + backoff(attempt, jitter)
     if reply.kind is ReplyKind.NOT_SENT:
-        return Retry(retry_at, f"not sent: {reply.detail}")
+        return Retry(retry_at, detail(f"not sent: {reply.detail}"))
     if reply.kind is ReplyKind.LOST or reply.status is None:
         return _uncertain(
             operation, retry_at, HoldCode.OUTCOME_UNKNOWN, f"no answer: {reply.detail}"
@@ -326,17 +356,18 @@ def settle(
     status = reply.status
     if 200 <= status < 300:
         try:
-            body = json.loads(reply.body.decode("utf-8"))
+            body = strict_json(reply.body)
+        except UnusableJson as exc:
+            problems = [f"{exc}; the body began: {_excerpt(reply.body)}"]
+        else:
             problems = definition.schema_errors(operation.response_schema, body)
-        except (UnicodeDecodeError, ValueError) as exc:
-            problems = [f"not JSON: {exc}"]
         if not problems:
             return Advance(step.next, "next", body, True)
         return _uncertain(
             operation,
             retry_at,
             HoldCode.RESPONSE_INVALID,
-            f"answered {status} with a response that breaks the schema: {'; '.join(problems)}",
+            f"answered {status} with a response that cannot be used: {'; '.join(problems)}",
         )
     if status in (429, 503):
         wait = max(reply.retry_after, BACKOFF_BASE) if reply.retry_after else None
@@ -345,26 +376,41 @@ def settle(
         )
     if status in (401, 403):
         return Held(HoldCode.PRODUCT_FORBIDDEN, _status_detail(status, reply.body))
-    if 400 <= status < 500:
+    if status in REFUSALS:
         return Failed(FailureCode.PRODUCT_REFUSED, _status_detail(status, reply.body))
+    # Any other answer (408, 423, 425, another 4xx, a 5xx) does not say the product
+    # refused the command: it may have acted, or may yet.
     return _uncertain(
         operation, retry_at, HoldCode.OUTCOME_UNKNOWN, _status_detail(status, reply.body)
     )
 
 
-def _uncertain(operation: Operation, retry_at: datetime, code: HoldCode, detail: str) -> Transition:
+def _uncertain(operation: Operation, retry_at: datetime, code: HoldCode, why: str) -> Transition:
     """A read may simply be repeated; a mutation's effect is unknown, so an operator decides."""
     if operation.effect is Effect.READ:
-        return Retry(retry_at, detail)
-    return Held(code, _truncate(detail))
+        return Retry(retry_at, detail(why))
+    return Held(code, detail(why))
 
 
 def _status_detail(status: int, body: bytes) -> str:
     text = body.decode("utf-8", errors="replace").strip()
-    return _truncate(f"{status}: {text}" if text else str(status))
+    return detail(f"{status}: {text}" if text else str(status))
 
 
-def _truncate(text: str) -> str:
+def _excerpt(body: bytes, size: int = 120) -> str:
+    """The start of a product's body, as evidence in a detail (escaped by :func:`detail`)."""
+    text = body[:size].decode("utf-8", errors="replace")
+    return text + ("…" if len(body) > size else "") if text else "(empty)"
+
+
+#: C0 control characters (and DEL) shown escaped in details, but for tab and newline.
+_CONTROLS = {c: f"\\u{c:04x}" for c in (*range(0x20), 0x7F) if chr(c) not in "\t\n"}
+
+
+def detail(text: str) -> str:
+    """Text fit for a failure's or hold's detail: control characters escaped (a NUL cannot
+    be stored), unpaired surrogates shown as escapes, at most :data:`MAX_DETAIL` long."""
+    text = text.translate(_CONTROLS).encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
 
 
@@ -402,8 +448,8 @@ def fetched(definition: Definition, step_id: str, reply: Reply) -> Advance | Non
     if reply.kind is not ReplyKind.RESPONSE or reply.status is None or reply.status // 100 != 2:
         return None
     try:
-        body = json.loads(reply.body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        body = strict_json(reply.body)
+    except UnusableJson:
         return None
     return result_arrived(definition, step_id, body)
 
