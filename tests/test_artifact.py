@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import timedelta
 from pathlib import Path
 
-from registry_coordinator.artifact import FORMAT, load_file
+import pytest
+
+from registry_coordinator.artifact import FORMAT, load, load_file
+from registry_coordinator.canonical import canonical_bytes
+from registry_coordinator.diagnostics import Refused
 
 from .harness import WORKFLOWS, coordinator
 
@@ -106,3 +111,27 @@ def test_an_artifact_runs_on_its_own_descriptors(tmp_path: Path) -> None:
     assert graph.returncode == 0
     assert graph.stdout.startswith('digraph "review-application" {')
     assert 'await_decision -> not_decided [label="on-timeout", style=dashed];' in graph.stdout
+
+
+def test_a_stored_definition_is_built_without_being_judged_again(tmp_path: Path) -> None:
+    """Read back by digest for the runs admitted under it, an artifact is not judged again
+    under this build's rules (here: a deadline over P366D, and a descriptor field this
+    build's catalog schema does not know): it is built, and runs. It is
+    refused only when this build cannot run it (an expression that does not compile)."""
+    _, artifact = package(tmp_path / "out")
+    document = json.loads(artifact.read_bytes())
+    document["workflow"]["deadline"] = "P400D"
+    document["catalog"]["breg"]["operations"]["read-record"]["since"] = "2025"
+    refused_today = canonical_bytes(document)
+    with pytest.raises(Refused):
+        load(refused_today, "stored")
+    definition = load(refused_today, "stored", trusted=True)
+    assert definition.workflow.deadline == timedelta(days=400)
+    assert definition.operations["read_application"].name == "read-record"
+
+    document["workflow"]["steps"]["route"]["cases"][0]["when"] = "steps.await_decision.decision =="
+    with pytest.raises(Refused) as unusable:
+        load(canonical_bytes(document), "stored", trusted=True)
+    first = unusable.value.diagnostics[0]
+    assert first.code == "artifact.unusable"
+    assert "expression" in first.message

@@ -29,6 +29,7 @@ ELSEWHERE = {
     "artifact.invalid",
     "artifact.not-canonical",
     "artifact.exists",
+    "artifact.unusable",
     "scenario.invalid",
     "scenario.failed",
     "config.invalid-value",

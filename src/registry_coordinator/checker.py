@@ -552,17 +552,27 @@ class CheckReport:
         return self.definition is not None
 
 
-def check_document(document: JSON, source: SourceMap, catalog: Catalog) -> CheckReport:
-    """Check a workflow document against a catalog; a definition only when it passes."""
-    workflow, diagnostics = read_workflow(document, source)
+def check_document(
+    document: JSON, source: SourceMap, catalog: Catalog, *, trusted: bool = False
+) -> CheckReport:
+    """Check a workflow document against a catalog; a definition only when it passes.
+
+    With ``trusted`` — a definition some run was admitted under, read back — the rules
+    are not judged again (a build that tightens one must not strand the runs admitted
+    before it): the definition is built whenever every part a run needs could be (each
+    step's edges, operations and results resolved, its expressions compiled), and the
+    diagnostics are only reported.
+    """
+    workflow, diagnostics = read_workflow(document, source, trusted=trusted)
     if workflow is None:
         return CheckReport(None, diagnostics)
     checker = _Checker(workflow, source, catalog)
     checker.references()
-    if errors(checker.diagnostics) or not checker.graph():
-        return CheckReport(None, diagnostics + checker.diagnostics)
+    refused = errors(checker.diagnostics) and not trusted
+    if refused or _unresolved(checker) or not checker.graph():
+        return CheckReport(None, _unusable(diagnostics + checker.diagnostics, trusted))
     programs, templates = checker.expressions()
-    if errors(checker.diagnostics):
+    if errors(checker.diagnostics) and not trusted:
         return CheckReport(None, diagnostics + checker.diagnostics)
     definition = Definition(
         workflow=workflow,
@@ -573,4 +583,53 @@ def check_document(document: JSON, source: SourceMap, catalog: Catalog) -> Check
         templates=templates,
         programs=programs,
     )
+    if trusted and not _compiled(definition):
+        return CheckReport(None, _unusable(diagnostics + checker.diagnostics, trusted))
     return CheckReport(definition, diagnostics + checker.diagnostics)
+
+
+def _unresolved(checker: _Checker) -> bool:
+    """Whether a step names a step, operation or result that could not be found."""
+    steps = checker.workflow.steps
+    return any(
+        edge.target not in steps
+        or (isinstance(step, Call) and step.id not in checker.operations)
+        or (isinstance(step, WaitFor) and step.id not in checker.results)
+        for step in steps.values()
+        for edge in step.edges()
+    )
+
+
+def _compiled(definition: Definition) -> bool:
+    """Whether every expression of every step a run can reach was compiled."""
+    for step_id in definition.scopes:
+        step = definition.step(step_id)
+        programs = definition.programs.get(step_id, {})
+        if isinstance(step, Choose):
+            needed = [case.when for case in step.cases]
+        elif isinstance(step, WaitUntil):
+            needed = [step.at]
+        elif isinstance(step, WaitFor):
+            needed = [step.key]
+        else:
+            has_template = isinstance(step, Call) or step.output is not None
+            if has_template and step_id not in definition.templates:
+                return False
+            needed = []
+        if any(source not in programs for source in needed):
+            return False
+    return True
+
+
+def _unusable(diagnostics: list[Diagnostic], trusted: bool) -> list[Diagnostic]:
+    """A trusted definition's refusal leads with why it cannot be used."""
+    if not trusted:
+        return diagnostics
+    found = "; ".join(f"{d.code}: {d.message}" for d in errors(diagnostics)[:3])
+    reason = Diagnostic(
+        "artifact.unusable",
+        "this build cannot run it" + (f" ({found})" if found else ""),
+        "run it with a build that can, or cancel the runs that use it",
+        diagnostics[0].file if diagnostics else "",
+    )
+    return [reason, *diagnostics]

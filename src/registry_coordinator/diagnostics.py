@@ -84,6 +84,7 @@ CODES: dict[str, str] = {
     "artifact.invalid": "the file is not a Registry Coordinator artifact",
     "artifact.not-canonical": "the artifact's bytes are not its canonical JSON form",
     "artifact.exists": "the output file already exists with other content",
+    "artifact.unusable": "a stored definition that this build cannot run",
     # the service configuration
     "config.invalid-value": "a configuration value is out of range or contradicts another",
     "config.secret-literal": "a secret is written in the configuration instead of referenced",

@@ -4,7 +4,9 @@ At startup each pinned artifact is read, its bytes checked against the pinned
 digest, loaded (which re-checks the workflow against its own catalog
 descriptors) and stored in the database by digest. New runs start on a pinned
 definition; a run admitted under a definition that is no longer pinned keeps
-it: its artifact is read back from the database and verified again.
+it: its artifact is read back from the database, its digest verified, and built
+without being judged again under this build's rules (``load(trusted=True)``), so
+a build that tightens a rule does not strand the runs admitted before it.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ class Workflows:
         return matches[-1] if matches else None
 
     async def by_digest(self, db: Database, digest: str) -> Definition:
-        """The definition a run was admitted under, pinned or not."""
+        """The definition a run was admitted under, pinned or not. Raises LookupError when
+        it is missing or altered, Refused when this build cannot run it."""
         found = self._by_digest.get(digest)
         if found is None:
             row = await db.row("definition_artifact", {"digest": digest})
@@ -125,6 +128,6 @@ class Workflows:
             data = bytes(row["artifact"])
             if digest_of(data) != digest:
                 raise LookupError(f"the stored definition {digest} does not match its digest")
-            found = load(data, f"definition {digest}")
+            found = load(data, f"definition {digest}", trusted=True)
             self._by_digest[digest] = found
         return found
