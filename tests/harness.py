@@ -27,7 +27,10 @@ from typing import Any
 import httpx
 import trio_asyncio
 
+from registry_coordinator import store
+from registry_coordinator.artifact import check_source
 from registry_coordinator.database import Database, sync_connection
+from registry_coordinator.definition import Definition
 from registry_coordinator.embedded import EmbeddedPostgres
 from registry_coordinator.migrations import migrate as migrate_schema
 
@@ -433,15 +436,27 @@ def stand_ins(log: Path, ports: dict[str, int], **options: Any) -> Iterator[Stan
 
 
 @asynccontextmanager
-async def database(dsn: str) -> AsyncIterator[Database]:
+async def database(dsn: str, size: int = 2) -> AsyncIterator[Database]:
     """The store's own pool on a migrated database, for tests that drive it in-process."""
     async with trio_asyncio.open_loop():
-        db = await Database.open(dsn, 2)
+        db = await Database.open(dsn, size)
         try:
             await migrate_schema(db)
             yield db
         finally:
             await db.close()
+
+
+async def admit(db: Database, workflow: str, run_input: Any) -> tuple[Definition, uuid.UUID]:
+    """Store tests/workflows/<workflow>.yaml's definition and admit one run of it."""
+    checked = check_source(TEST_WORKFLOWS / f"{workflow}.yaml")
+    definition = checked.definition
+    assert definition is not None and checked.artifact and checked.digest
+    await store.store_definition(db, definition, checked.digest, checked.artifact)
+    admitted = await store.admit(
+        db, definition, checked.digest, "test", uuid.uuid4().hex, run_input
+    )
+    return definition, admitted.run_id
 
 
 def run_state(dsn: str, run_id: str) -> dict[str, Any]:

@@ -1,36 +1,93 @@
-"""A call task in-process, against a stand-in product: what a shutdown leaves behind."""
+"""Call tasks in-process, against a stand-in product on loopback: what a shutdown, an
+outage that outlasts the lease, or a database that refuses an answer leave behind.
+
+The call pool runs as in the service; the test holds the database handle it is given
+(:mod:`tests.interleave`), so a statement can stop, fail, or fail after committing
+exactly where the case needs it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
+from trio import fail_after
 
-from registry_coordinator import store
-from registry_coordinator.artifact import check_source
-from registry_coordinator.calls import Calls, Product, with_products
-from registry_coordinator.config import load_config
-from registry_coordinator.database import sync_connection
+from registry_coordinator import operations, store
+from registry_coordinator.calls import Calls, open_products
+from registry_coordinator.config import Config, load_config
+from registry_coordinator.database import Database, StatementFailed, sync_connection
 from registry_coordinator.definition import Definition
 from registry_coordinator.metrics import Metrics
 from registry_coordinator.standins import StandIn, Tokens
-from registry_coordinator.steps import Send, on_due
+from registry_coordinator.steps import Held, Send, on_due
 from registry_coordinator.timers import Timer
+from registry_coordinator.workflows import Workflows
 
-from .harness import (
-    STANDIN_TOKEN,
-    TEST_WORKFLOWS,
-    connection,
-    database,
-    events,
-    free_port,
-    write_config,
-)
+from .harness import STANDIN_TOKEN, admit, connection, database, events, free_port, write_config
+from .interleave import Failing, Paused
 
 LEASE = timedelta(seconds=30)
+#: Seconds after which a test that waits for something is failed as hung, not timed.
+HANG = 60
+
+
+def breg_config(tmp_path: Path, dsn: str, workflow: str, port: int) -> Config:
+    return load_config(
+        write_config(tmp_path, dsn, [workflow], connections={"registry": connection("breg", port)})
+    )
+
+
+@asynccontextmanager
+async def breg(dsn: str, size: int = 2) -> AsyncIterator[tuple[Database, StandIn, int]]:
+    """A migrated database and a stand-in BReg serving on a free port."""
+    port = free_port()
+    product = StandIn("breg", Tokens(STANDIN_TOKEN))
+    async with database(dsn, size) as db, trio.open_nursery() as nursery:
+        await nursery.start(product.serve, "127.0.0.1", port)
+        yield db, product, port
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def call_pool(config: Config, db: Database, lease: timedelta = LEASE) -> AsyncIterator[Calls]:
+    """The configured connections' call pool, running; a run that goes on after its call
+    is left where its call left it (``proceed`` does nothing). A test that waits in it
+    for something that never comes fails as hung after :data:`HANG` seconds."""
+
+    async def stay(_: Definition, __: store.Claimed, ___: store.Ahead | None) -> None:
+        pass
+
+    async with open_products(config.connections) as (products, _), trio.open_nursery() as pools:
+        timer = Timer(db, timedelta(seconds=60), "coordinator:holder:1", Metrics())
+        calls = Calls(db, products, timer, lease, Metrics(), store.Holdings())
+        calls.proceed = stay
+        await pools.start(calls.run)
+        with fail_after(HANG):
+            yield calls
+        pools.cancel_scope.cancel()
+
+
+async def claimed_call(
+    db: Database, workflow: str, lease: timedelta = LEASE
+) -> tuple[Definition, store.Claimed, Send]:
+    definition, _ = await admit(db, workflow, {"recordId": "app-1"})
+    run = await store.claim(db, "holder:1", lease)
+    assert run is not None
+    send = on_due(definition, run.record(), run.step, False, None, run.now())
+    assert isinstance(send, Send)
+    return definition, run, send
+
+
+def run_row(dsn: str) -> dict[str, object]:
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT state, step, hold_code, dispatched_at FROM runs").fetchone()
+    assert row is not None
+    return dict(row)
 
 
 @pytest.mark.trio
@@ -41,45 +98,21 @@ async def test_a_shutdown_while_a_run_goes_on_after_its_call_keeps_the_answer(
     the service stops right then. The run stays where the answer took it: the call is
     not recorded a second time as interrupted (it used to be, sending the run back)."""
     monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
-    port = free_port()
-    config = load_config(
-        write_config(
-            tmp_path, dsn, ["bench-four"], connections={"registry": connection("breg", port)}
-        )
-    )
-    checked = check_source(TEST_WORKFLOWS / "bench-four.yaml")
-    definition = checked.definition
-    assert definition is not None and checked.artifact and checked.digest
-    going_on = trio.Event()
+    async with breg(dsn) as (db, _, port):
+        config = breg_config(tmp_path, dsn, "bench-four", port)
+        definition, run, read = await claimed_call(db, "bench-four")
+        going_on = trio.Event()
 
-    async def proceed(_: Definition, run: store.Claimed, ahead: store.Ahead | None) -> None:
-        assert run.step == "act" and ahead is not None and isinstance(ahead.transition, Send)
-        going_on.set()
-        await trio.sleep_forever()  # the engine's step loop, when the shutdown comes
+        async def proceed(_: Definition, run: store.Claimed, ahead: store.Ahead | None) -> None:
+            assert run.step == "act" and ahead is not None and isinstance(ahead.transition, Send)
+            going_on.set()
+            await trio.sleep_forever()  # the engine's step loop, when the shutdown comes
 
-    async with database(dsn) as db, trio.open_nursery() as nursery:
-        await nursery.start(StandIn("breg", Tokens(STANDIN_TOKEN)).serve, "127.0.0.1", port)
-        await store.store_definition(db, definition, checked.digest, checked.artifact)
-        await store.admit(db, definition, checked.digest, "test", "k", {"recordId": "app-1"})
-        run = await store.claim(db, "holder:1", LEASE)
-        assert run is not None
-        read = on_due(definition, run.record(), run.step, False, None, run.now())
-        assert isinstance(read, Send)
-
-        async def body(products: dict[str, Product], _: httpx.AsyncClient) -> None:
-            metrics = Metrics()
-            timer = Timer(db, timedelta(seconds=60), "coordinator:holder:1", metrics)
-            calls = Calls(db, products, timer, LEASE, metrics, store.Holdings())
+        async with call_pool(config, db) as calls:
             calls.proceed = proceed
-            async with trio.open_nursery() as pools:
-                await pools.start(calls.run)
-                calls.submit(definition, run, read.request)
-                await going_on.wait()
-                await calls.drain(timedelta(0))  # the shutdown: calls in flight are cancelled
-                pools.cancel_scope.cancel()
-
-        await with_products(config.connections, body)
-        nursery.cancel_scope.cancel()
+            calls.submit(definition, run, read.request)
+            await going_on.wait()
+            await calls.drain(timedelta(0))  # the shutdown: calls in flight are cancelled
     kinds = [(e["kind"], e["step"]) for e in events(dsn, str(run.id))]
     assert kinds == [
         ("admitted", "read"),
@@ -87,6 +120,122 @@ async def test_a_shutdown_while_a_run_goes_on_after_its_call_keeps_the_answer(
         ("step-completed", "read"),
         ("step-completed", "decide"),
     ]
+    assert {k: v for k, v in run_row(dsn).items() if k in ("state", "step")} == {
+        "state": "running",
+        "step": "act",
+    }
+
+
+@pytest.mark.trio
+async def test_a_request_sealed_as_the_shutdown_came_is_recorded_as_not_sent(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shutdown comes while the mutation is being sealed: its statement has committed,
+    its reply is on the way. The sealing completes; the request, which had not begun to
+    leave, is recorded as not sent, and the next holder sends it — where the run used to
+    be held as interrupted, a mutation that was never sent."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (db, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        definition, run, send = await claimed_call(db, "act")
+        sealing = Paused(db, after="dispatch_call")
+        async with call_pool(config, sealing) as calls:
+            calls.submit(definition, run, send.request)
+            await sealing.reached.wait()
+            await calls.drain(timedelta(0))  # the shutdown
+            sealing.go()
+        await db.execute("UPDATE runs SET due_at = now()")  # its retry has come
+        again = await store.claim(db, "holder:2", LEASE)
+        assert again is not None and not again.dispatched
+        later = again.now() + timedelta(minutes=1)
+        assert isinstance(
+            on_due(definition, again.record(), again.step, False, again.timer_at, later), Send
+        )
+    assert product.ledger.requests == []
+    history = events(dsn, str(run.id))
+    assert [e["kind"] for e in history] == ["admitted", "call-dispatched", "retry-scheduled"]
+    assert history[-1]["detail"]["detail"] == "not sent: the service stopped before sending"
+    assert run_row(dsn)["dispatched_at"] is None
+
+
+@pytest.mark.trio
+async def test_an_answer_after_the_claim_was_lost_is_kept_and_reconcile_uses_it(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database outage outlasts the lease while BReg applies the mutation; another
+    holder takes the run over and holds it dispatch-interrupted. When the database comes
+    back, the answer the call task holds is kept with the run and shown with the hold,
+    and reconcile completes the step with it (invoke-action has no receipt lookup). It
+    used to be dropped, leaving an operator nothing but a guess."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    lease = timedelta(seconds=1)
+    async with breg(dsn, size=3) as (db, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        definition, run, send = await claimed_call(db, "act", lease)
+        outage = Failing(db, "transition")
+        outage.failing_before = 10**9
+        async with call_pool(config, outage, lease) as calls:
+            calls.submit(definition, run, send.request)
+            while outage.refused == 0:  # answered, and the answer cannot be recorded
+                await trio.sleep(0.01)
+            taken = None
+            while taken is None:  # the lease runs out: another holder takes the run over
+                await trio.sleep(0.1)
+                taken = await store.claim(db, "holder:2", LEASE)
+            interrupted = on_due(
+                definition, taken.record(), taken.step, False, None, taken.now(), True
+            )
+            assert isinstance(interrupted, Held)
+            await store.commit(db, definition, taken, interrupted, LEASE)
+            outage.failing_before = 0  # the database is back
+            while "late-answer" not in [e["kind"] for e in events(dsn, str(run.id))]:
+                await trio.sleep(0.05)
+            held = await store.status(db, run.id)
+            assert held is not None and held["hold_code"] == "dispatch-interrupted"
+            assert (held["late_attempt"], held["late_status"]) == (1, 200)
+            await operations.reconcile(
+                db, Workflows([]), calls.products, calls.timer, run.id, "ops", "OPS-7: BReg up"
+            )
+    history = events(dsn, str(run.id))
+    assert [e["kind"] for e in history] == [
+        "admitted",
+        "call-dispatched",
+        "held",
+        "late-answer",
+        "reconciled",
+    ]
+    assert history[-1]["detail"]["evidence"] == "late-answer"
+    assert len(product.ledger.requests) == 1  # nothing was sent again
     with sync_connection(dsn) as conn:
-        row = conn.execute("SELECT state, step FROM runs").fetchone()
-    assert row == {"state": "running", "step": "act"}
+        outputs = conn.execute("SELECT outputs FROM runs").fetchone()
+    assert outputs is not None and outputs["outputs"]["invoke"]["status"] == "accepted"
+
+
+@pytest.mark.trio
+async def test_an_answer_the_database_refuses_holds_the_run_with_the_answer_kept(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database refuses the statement recording a call's answer (a defect, not an
+    outage): the run is held engine-defect at once, with the answer's bytes kept on the
+    call's execution, instead of being left to its lease to be found interrupted."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (db, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        definition, run, send = await claimed_call(db, "act")
+        refusing = Failing(db, "transition", StatementFailed)
+        refusing.failing_before = 1
+        async with call_pool(config, refusing) as calls:
+            calls.submit(definition, run, send.request)
+            while run_row(dsn)["state"] != "held":
+                await trio.sleep(0.02)
+    row = run_row(dsn)
+    assert row["hold_code"] == "engine-defect"
+    history = events(dsn, str(run.id))
+    assert [e["kind"] for e in history] == ["admitted", "call-dispatched", "held"]
+    assert "the database refused to record the answer (2xx)" in history[-1]["detail"]["detail"]
+    with sync_connection(dsn) as conn:
+        execution = conn.execute("SELECT outcome, status, response FROM executions").fetchone()
+    assert execution is not None
+    assert (execution["outcome"], execution["status"]) == ("response", 200)
+    assert b'"status": "accepted"' in bytes(execution["response"])
+    assert len(product.ledger.requests) == 1

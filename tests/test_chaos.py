@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from registry_coordinator.database import sync_connection
 from registry_coordinator.webhooks import SIGNATURE_HEADER, sign
@@ -28,10 +29,13 @@ from .harness import (
     deployment,
     free_port,
     migrate,
+    run_state,
     stand_ins,
     wait_for,
     write_config,
 )
+from .test_operations import oauth2
+from .test_results import decide
 
 MUTATIONS = (("casework", "/v1/review-requests"), ("messaging", "/v1/messages"))
 HEADER = (
@@ -41,9 +45,15 @@ HEADER = (
 
 
 def summary(
-    name: str, dsn: str, admitted: int, faults: int, products: StandIns | None = None
+    name: str,
+    dsn: str,
+    admitted: int,
+    faults: int,
+    products: StandIns | None = None,
+    ended: frozenset[str] = frozenset({"finished", "held"}),
 ) -> dict[str, Any]:
-    """One row of the table, with the invariants every scenario must keep."""
+    """One row of the table, with the invariants every scenario must keep: nothing lost,
+    nothing sent twice, gap-free histories, and every run in one of the ``ended`` states."""
     with sync_connection(dsn) as conn:
         states = Counter(
             {
@@ -65,6 +75,10 @@ def summary(
             "SELECT count(*) AS n FROM (SELECT run_id, max(seq) AS top, count(*) AS events "
             "FROM run_events GROUP BY run_id) h WHERE top <> events"
         ).fetchone()
+        backwards = conn.execute(
+            "SELECT count(*) AS n FROM (SELECT at < lag(at) OVER (PARTITION BY run_id "
+            "ORDER BY seq) AS earlier FROM run_events) e WHERE earlier"
+        ).fetchone()
     duplicates = 0
     if products is not None:
         for product, path in MUTATIONS:
@@ -80,7 +94,8 @@ def summary(
     assert lost == 0
     assert duplicates == 0
     assert gaps == {"n": 0}  # every history is gap-free
-    assert set(states) <= {"finished", "held"}, states
+    assert backwards == {"n": 0}  # and never dated before the event before
+    assert set(states) <= ended, states
     return {"states": states, "holds": holds}
 
 
@@ -93,6 +108,8 @@ def resent_on_a_guess(requests: list[dict[str, Any]]) -> int:
     resent = 0
     acted: set[str] = set()
     for request in requests:  # in the order the product received them
+        if request["key"] is None:  # not Coordinator's (a caseworker deciding a review)
+            continue
         if request["key"] in acted:
             resent += 1
         if request.get("status") not in (429, 503):
@@ -288,3 +305,129 @@ def test_webhook_storm_resumes_each_run_once(dsn: str, tmp_path: Path) -> None:
         ).fetchall()
     assert len(resumed) == len(keys)
     assert {r["n"] for r in resumed} == {1}
+
+
+#: Faults of a hostile product, by stand-in, in the order each is met (each rule answers
+#: ``times`` requests, then the next rule of that route takes over).
+NAN_RECORD = (
+    '{"data": {"recordIdentifier": "a", "revisionIdentifier": "r", '
+    '"domainData": {"status": NaN}}, "meta": {}}'
+)
+DEEP = '{"id": "m", "status": "accepted", "d": ' + "[" * 20_000 + "]" * 20_000 + "}"
+HOSTILE: dict[str, list[dict[str, Any]]] = {
+    "breg": [
+        {"match": "GET /v1/records", "mode": "status", "status": status, "times": 3}
+        for status in (408, 423, 425)
+    ]
+    + [
+        {"match": "GET /v1/records", "mode": "answer", "status": 200, "body": body, "times": 3}
+        for body in (NAN_RECORD, DEEP)
+    ],
+    "casework": [
+        {
+            "match": "POST /v1/review-requests",
+            "mode": "answer",
+            "status": 201,
+            "body": '{"requestId": "rev-\\u0000", "status": "open"}',
+            "times": 2,
+        },
+        {"match": "POST /v1/review-requests", "mode": "status", "status": 408, "times": 2},
+        {"match": "POST /v1/review-requests", "mode": "status", "status": 423, "times": 1},
+        {"match": "POST /v1/review-requests", "mode": "status", "status": 425, "times": 1},
+    ],
+    "messaging": [
+        {"match": "POST /v1/messages", "mode": "answer", "status": 202, "body": DEEP, "times": 2}
+    ],
+    "idp": [{"match": "POST /oauth2/token", "mode": "delay", "seconds": 2, "times": 1}],
+}
+
+
+def test_a_hostile_product(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """30 runs of the tutorial's workflow against products that answer 408, 423 and 425,
+    JSON with NaN, a NUL or 20,000 levels of nesting, keep results pending under webhooks
+    that say nothing final, and hand out tokens slowly; one run names the record "..".
+    Every run ends finished, held with its true reason, or (the "..") failed before
+    anything was sent; every read retried was retried because of a fault, every mutation
+    sent once, every pending result read once per delivery."""
+    idp = free_port()
+    monkeypatch.setenv("STANDIN_CLIENT_SECRET", "s3cret-for-tests")
+    identity = oauth2(idp, clientSecret="env:STANDIN_CLIENT_SECRET")
+    connections: dict[str, tuple[str, dict[str, Any]]] = {
+        "applications": ("breg", {}),
+        "reviews": ("casework", {}),
+        "notices": ("messaging", {"identity": identity}),
+    }
+    with deployment(
+        tmp_path,
+        dsn,
+        ["review-application"],
+        connections,
+        webhooks=True,
+        also={"idp": idp},
+        workers=4,
+    ) as (service, products):
+        for product, rules in HOSTILE.items():
+            products.faults(product, *rules)
+        runs = [
+            service.start_run("review-application", {"applicationId": f"app-{n}"})
+            for n in range(29)
+        ]
+        dots = service.start_run("review-application", {"applicationId": ".."})
+        wait_for(
+            dsn,
+            "SELECT count(*) FROM runs WHERE ended_at IS NULL AND state <> 'held' "
+            "AND NOT (state = 'waiting' AND step = 'await_decision')",
+            0,
+            timeout=90,
+        )
+        with sync_connection(dsn) as conn:
+            keys = [
+                r["key"]
+                for r in conn.execute(
+                    "SELECT key FROM waits WHERE step = 'await_decision' ORDER BY key"
+                ).fetchall()
+            ]
+        for key in keys:  # a webhook that says nothing final: one read, and the wait goes on
+            pending(service, key)
+        wait_for(dsn, "SELECT count(*) FROM run_events WHERE kind = 'result-delivered'", len(keys))
+        for key in keys:
+            decide(products, key)
+        wait_settled(dsn)
+        row = summary(
+            "hostile product",
+            dsn,
+            len(runs) + 1,
+            15 + 6 + 2 + 1 + 1,
+            products,
+            ended=frozenset({"finished", "held", "failed"}),
+        )
+        reads = products.requests("breg", "GET", "/v1/records/")
+        results = Counter(
+            r["path"] for r in products.requests("casework", "GET", "/v1/review-requests/")
+        )
+        sent_messages = products.requests("messaging", "POST", "/v1/messages")
+    assert row["holds"] == Counter({"response-invalid": 4, "outcome-unknown": 4})
+    assert row["states"] == Counter({"finished": 21, "held": 8, "failed": 1})
+    assert run_state(dsn, dots)["failure_code"] == "request-invalid"
+    assert len(reads) == 29 + 15  # each unusable answer was read again once, nothing more
+    assert set(results.values()) == {2}  # each review: its pending webhook, its decision
+    assert len(results) == len(keys) == 29 - 6
+    assert len(sent_messages) == len(keys)
+    with sync_connection(dsn) as conn:
+        unknown = Counter(
+            r["detail"][:3]
+            for r in conn.execute(
+                "SELECT detail FROM runs WHERE hold_code = 'outcome-unknown'"
+            ).fetchall()
+        )
+    assert unknown == Counter({"408": 2, "423": 1, "425": 1})
+
+
+def pending(service: Service, key: str) -> None:
+    raw = json.dumps({"result": "review-decision", "key": key, "eventId": f"{key}-p"}).encode()
+    response = service.http.post(
+        "/v1/results/reviews",
+        content=raw,
+        headers={SIGNATURE_HEADER: sign(WEBHOOK_SECRET, int(time.time()), raw)},
+    )
+    assert response.status_code == 202 and response.json()["woke"] == 1

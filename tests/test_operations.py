@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -13,6 +16,8 @@ from registry_coordinator.database import sync_connection
 
 from .harness import (
     STANDIN_TOKEN,
+    Service,
+    StandIns,
     deployment,
     events,
     free_port,
@@ -36,11 +41,14 @@ def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:
     }
 
 
-def test_client_secret_tokens_are_fetched_once_and_reused(
-    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextmanager
+def notify_with_oauth2(
+    tmp_path: Path, dsn: str, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> Iterator[tuple[Service, StandIns]]:
+    """The notify workflow against a Messaging stand-in that takes tokens from the stand-in
+    IdP, where Coordinator authenticates with a client secret."""
     idp = free_port()
-    monkeypatch.setenv("STANDIN_CLIENT_SECRET", "s3cret-for-tests")  # the service's copy
+    monkeypatch.setenv("STANDIN_CLIENT_SECRET", "s3cret-for-tests")  # the service's and IdP's
     identity = oauth2(idp, clientSecret="env:STANDIN_CLIENT_SECRET")
     with deployment(
         tmp_path,
@@ -48,8 +56,15 @@ def test_client_secret_tokens_are_fetched_once_and_reused(
         ["notify"],
         {"notices": ("messaging", {"identity": identity})},
         also={"idp": idp},
-        stand_in_env={"STANDIN_CLIENT_SECRET": "s3cret-for-tests"},
-    ) as (service, products):
+        **options,
+    ) as deployed:
+        yield deployed
+
+
+def test_client_secret_tokens_are_fetched_once_and_reused(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with notify_with_oauth2(tmp_path, dsn, monkeypatch) as (service, products):
         runs = [service.start_run("notify", {"email": f"{n}@example.org"}) for n in range(5)]
         for run in runs:
             wait_state(dsn, run, "finished")

@@ -14,13 +14,21 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from registry_coordinator.artifact import build
-from registry_coordinator.canonical import canonical_bytes, digest_of, nesting
+from registry_coordinator.canonical import (
+    MAX_NESTING,
+    UnusableJson,
+    canonical_bytes,
+    digest_of,
+    nesting,
+    strict_json,
+)
 from registry_coordinator.catalog import builtin_catalog
 from registry_coordinator.checker import CheckReport, check_document
 from registry_coordinator.durations import format_duration, parse_duration
 from registry_coordinator.expressions import Environment, EvaluationError, Scope, variables
 from registry_coordinator.source import SourceMap, load_yaml
 from registry_coordinator.steps import BACKOFF_CAP, backoff
+from registry_coordinator.store import wait_due
 
 from .harness import WORKFLOWS
 
@@ -282,6 +290,40 @@ def test_json_values_cross_into_cel_and_back_unchanged(value: JSON) -> None:
     assert program.evaluate({"input": value}) == value
 
 
+@given(json_values)
+def test_strict_json_reads_back_whatever_canonical_json_writes(value: JSON) -> None:
+    assert strict_json(canonical_bytes(value)) == value
+
+
+@given(
+    json_values,
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", '"\\u0000"', '"a\\udc00"']),
+    st.integers(min_value=0, max_value=3),
+)
+def test_strict_json_refuses_what_cannot_be_stored_wherever_it_is(
+    value: JSON, poison: str, wrap: int
+) -> None:
+    """Whatever holds a non-finite number, a NUL or a lone surrogate is refused, and what
+    strict_json accepts PostgreSQL's jsonb takes (canonical_bytes has no form for NaN)."""
+    text = poison
+    for _ in range(wrap):
+        text = f'{{"k": {text}}}'
+    document = "[" + canonical_bytes(value).decode() + "," + text + "]"
+    with pytest.raises(UnusableJson):
+        strict_json(document.encode())
+
+
+@given(st.integers(min_value=0, max_value=MAX_NESTING + 8))
+def test_strict_json_takes_nesting_up_to_its_limit(depth_: int) -> None:
+    data = b"[" * depth_ + b"0" + b"]" * depth_
+    if depth_ <= MAX_NESTING:
+        assert nesting(strict_json(data)) == depth_
+    else:
+        with pytest.raises(UnusableJson) as refused:
+            strict_json(data)
+        assert refused.value.reason == "too-deep"
+
+
 def test_nul_characters_are_refused_not_cut_short() -> None:
     env = Environment(Scope(frozenset(), frozenset()))
     program = env.compile("input.name")
@@ -309,3 +351,18 @@ def test_backoff_grows_within_bounds(attempt: int, jitter: float) -> None:
     step = min(BACKOFF_CAP, timedelta(seconds=2 ** min(attempt - 1, 20)))
     assert step / 2 <= delay <= step
     assert delay <= BACKOFF_CAP
+
+
+@given(
+    st.floats(min_value=0, max_value=1),
+    st.timedeltas(min_value=timedelta(seconds=1), max_value=timedelta(days=2)),
+)
+def test_a_waits_poll_is_spread_by_a_tenth_either_way(jitter: float, poll: timedelta) -> None:
+    """Runs that began to wait in one burst poll spread over a fifth of the poll, never
+    past their timeout or deadline."""
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    far = now + timedelta(days=30)
+    due = wait_due(now, None, far, poll, lambda: jitter)
+    assert now + poll * 0.9 <= due <= now + poll * 1.1
+    assert wait_due(now, now + poll / 2, far, poll, lambda: jitter) == now + poll / 2
+    assert wait_due(now, None, now + poll / 2, poll, lambda: jitter) == now + poll / 2

@@ -19,7 +19,6 @@ from typing import Any
 
 import trio
 import yaml
-from psycopg.types.json import Jsonb
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -27,7 +26,7 @@ from werkzeug.exceptions import HTTPException
 from . import admission, operations, store
 from .auth import Authenticator, Caller
 from .calls import Product
-from .canonical import nesting, storable
+from .canonical import UnusableJson, storable, strict_json
 from .catalog import builtin_catalog
 from .database import Database, Row, Unavailable
 from .expressions import format_instant, parse_instant
@@ -107,12 +106,25 @@ def run_status(row: Row) -> JSON:
         "failure": {"code": row["failure_code"], "detail": row["detail"]}
         if row["failure_code"]
         else None,
-        "hold": {"code": row["hold_code"], "detail": row["detail"]} if row["hold_code"] else None,
+        "hold": _hold(row) if row["hold_code"] else None,
         "admittedAt": _instant(row["admitted_at"]),
         "deadlineAt": _instant(row["deadline_at"]),
         "updatedAt": _instant(row["updated_at"]),
         "endedAt": _instant(row["ended_at"]),
     }
+
+
+def _hold(row: Row) -> JSON:
+    """Why a run is held, and the product's answer if one came back after its claim on
+    the run was lost (the evidence ``reconcile`` uses)."""
+    hold: JSON = {"code": row["hold_code"], "detail": row["detail"]}
+    if row["late_status"] is not None:
+        hold["lateAnswer"] = {
+            "attempt": row["late_attempt"],
+            "status": row["late_status"],
+            "at": _instant(row["late_at"]),
+        }
+    return hold
 
 
 def openapi_document() -> JSON:
@@ -127,9 +139,12 @@ def _run_id(text: str) -> uuid.UUID:
         raise Problem(404, "run.not-found", f"no run {text} that you may see") from None
 
 
-#: How deep a request body may nest: far beyond any workflow input, well within what
-#: the JSON Schema validator and the database's jsonb take.
-MAX_NESTING = 64
+#: The problem code of a request body :func:`strict_json` refuses, by its reason.
+_UNUSABLE_BODY = {
+    "not-json": "request.malformed-json",
+    "too-deep": "request.too-deep",
+    "unstorable": "request.unstorable-text",
+}
 
 
 def _cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
@@ -193,25 +208,10 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
     async def body_json() -> JSON:
         raw = await request.get_data(as_text=False)
         assert isinstance(raw, bytes)
-        too_deep = Problem(
-            400, "request.too-deep", f"the body nests arrays and objects over {MAX_NESTING} deep"
-        )
         try:
-            body = json.loads(raw) if raw else {}
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise Problem(400, "request.malformed-json", f"the body is not JSON: {exc}") from None
-        except RecursionError:
-            raise too_deep from None
-        if nesting(body) > MAX_NESTING:
-            raise too_deep
-        if not storable(body):
-            raise Problem(
-                400,
-                "request.unstorable-text",
-                "the body holds a NUL character (\\u0000) or an unpaired surrogate, "
-                "which cannot be stored",
-            )
-        return body
+            return strict_json(raw) if raw else {}
+        except UnusableJson as exc:
+            raise Problem(400, _UNUSABLE_BODY[exc.reason], f"the body is refused: {exc}") from None
 
     async def visible_run(who: Caller, run_id: str, action: str) -> Row:
         """A run the caller may see (its own, or any for an operator) and may take ``action``
@@ -331,9 +331,7 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             else:
                 context.metrics.runs_ended.labels(row["workflow_id"], "cancelled", "").inc()
         elif action == "retry-same":
-            await operations.retry_same(
-                context.db, context.workflows, context.timer, row["id"], who.client, reason
-            )
+            await operations.retry_same(context.db, context.timer, row["id"], who.client, reason)
         else:
             await operations.reconcile(
                 context.db,
@@ -399,27 +397,17 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
         body = await body_json()
         results = builtin_catalog().products[product.config.product].results
         _check_delivery(body, sorted(results))
-        row = await context.db.row(
-            "record_delivery",
-            {
-                "connection": connection,
-                "event_id": body["eventId"],
-                "result": body["result"],
-                "key": body["key"],
-                "payload": Jsonb(body.get("payload")),
-            },
+        new, woken = await store.record_delivery(
+            context.db,
+            store.Delivery(
+                connection, body["eventId"], body["result"], body["key"], body.get("payload")
+            ),
         )
-        assert row is not None
-        duplicate = row["new"] == 0
-        context.metrics.deliveries.labels(
-            connection, "duplicate" if duplicate else "accepted"
-        ).inc()
-        if row["woken"]:
+        context.metrics.deliveries.labels(connection, "accepted" if new else "duplicate").inc()
+        if woken:
             context.metrics.delivered(connection, body["result"], body["key"])
             context.timer.runnable()
-        return _json(
-            {"eventId": body["eventId"], "duplicate": duplicate, "woke": row["woken"]}, 202
-        )
+        return _json({"eventId": body["eventId"], "duplicate": not new, "woke": woken}, 202)
 
     @app.get("/health")
     async def health() -> Response:

@@ -91,6 +91,19 @@ class Unavailable(Exception):
     """The database cannot be reached (exit code 3)."""
 
 
+class StatementFailed(Exception):
+    """The database refused a statement for what it holds, not for an outage (data it
+    cannot store, a broken constraint): a defect, which repeating will not cure."""
+
+
+def _translated(exc: psycopg.Error) -> Exception:
+    """An outage (the connection, the server, a conflict that may pass) is Unavailable;
+    anything else the database refuses is StatementFailed."""
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return Unavailable(_first_line(exc))
+    return StatementFailed(_first_line(exc))
+
+
 class Connection:
     """One checked-out connection; every call runs a named query or given SQL."""
 
@@ -101,8 +114,8 @@ class Connection:
         """Run a named query (or literal SQL) and return its rows, if it has any."""
         try:
             return await aio(_fetch)(self.raw, QUERIES.get(query, query), _adapt(params))
-        except psycopg.OperationalError as exc:
-            raise Unavailable(_first_line(exc)) from None
+        except psycopg.Error as exc:
+            raise _translated(exc) from None
 
     async def row(self, query: str, params: Mapping[str, Any] | None = None) -> Row | None:
         found = await self.rows(query, params)
@@ -113,8 +126,8 @@ class Connection:
         sql = QUERIES.get(query, query)
         try:
             cursor = await aio(self.raw.execute)(sql, _adapt(params))
-        except psycopg.OperationalError as exc:
-            raise Unavailable(_first_line(exc)) from None
+        except psycopg.Error as exc:
+            raise _translated(exc) from None
         return cursor.rowcount
 
     @asynccontextmanager
@@ -122,8 +135,8 @@ class Connection:
         try:
             async with aio_context(self.raw.transaction()):
                 yield self
-        except psycopg.OperationalError as exc:
-            raise Unavailable(_first_line(exc)) from None
+        except psycopg.Error as exc:
+            raise _translated(exc) from None
 
 
 async def _fetch(

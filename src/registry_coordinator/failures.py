@@ -14,7 +14,7 @@ class FailureCode(StrEnum):
     """Why a run ended ``failed`` (or ``expired``). Terminal: nothing is retried."""
 
     PRODUCT_REFUSED = "product-refused"
-    """The product answered 4xx (not 401/403/429): it refused the command as sent."""
+    """The product answered 400, 404, 409 or 422: it refused the command as sent."""
     REQUEST_INVALID = "request-invalid"
     """The evaluated call input does not satisfy the operation's request schema."""
     EXPRESSION_ERROR = "expression-error"
@@ -33,11 +33,25 @@ class HoldCode(StrEnum):
     Fix the identity's configuration or the product's policy, then ``retry-same``."""
     OUTCOME_UNKNOWN = "outcome-unknown"
     """A mutation may have reached the product but no usable answer came back
-    (timeout, reset, 5xx). ``reconcile`` where a receipt exists, else check the
-    product and ``retry-same`` or ``cancel``."""
+    (timeout, reset, 5xx, or a 4xx other than a refusal, such as 408 or 423).
+    ``reconcile`` where a receipt exists, else check the product and ``retry-same``
+    or ``cancel``."""
     RESPONSE_INVALID = "response-invalid"
-    """A mutation was answered 2xx with a body that breaks the operation's schema:
-    it probably took effect, but its result cannot be used."""
+    """A mutation was answered 2xx with a body that breaks the operation's schema or
+    cannot be stored (not JSON, NaN, a NUL character, nested too deep): it probably
+    took effect, but its result cannot be used. The body is kept on the call's
+    execution, and the detail shows how it began."""
     DISPATCH_INTERRUPTED = "dispatch-interrupted"
-    """Coordinator stopped (crash or shutdown) after sending a mutation and before
-    recording its answer."""
+    """Coordinator stopped (crash or shutdown), or lost its claim on the run in a
+    database outage, after sending a mutation and before recording its answer. An
+    answer that arrives after another process took the run over is kept with the run,
+    and ``reconcile`` uses it."""
+    DEFINITION_UNUSABLE = "definition-unusable"
+    """The definition the run was admitted under cannot be loaded by this build (the
+    detail says why), several times in a row. Run a build that can, then
+    ``retry-same``; or ``cancel``."""
+    ENGINE_DEFECT = "engine-defect"
+    """Coordinator failed at this step with an error of its own (the detail names it):
+    the same unexpected error several times in a row, or a statement the database
+    refused while recording an answer. Report it; after a fix, ``retry-same`` takes
+    the step again (a call resends its sealed request with its key)."""

@@ -89,13 +89,16 @@ class Metrics:
         )
         self._pending: OrderedDict[tuple[str, str, str], float] = OrderedDict()
 
-    def committed(self, definition: Definition, committed: Committed) -> None:
-        """Transitions committed at their steps, and the run's end if it ended."""
+    def committed(self, definition: Definition | None, committed: Committed) -> None:
+        """Transitions committed at their steps, and the run's end if it ended (a run
+        expired without its definition, which could not be loaded, counts as "unknown")."""
         for step, _ in committed.taken:
-            self.transitions.labels(step_type(definition.step(step))).inc()
+            kind = step_type(definition.step(step)) if definition else "unknown"
+            self.transitions.labels(kind).inc()
         state = committed.run.state
         if state in TERMINAL:
-            self.runs_ended.labels(definition.id, state, committed.outcome or "").inc()
+            workflow = committed.run.workflow_id
+            self.runs_ended.labels(workflow, state, committed.outcome or "").inc()
 
     def woke(self, lateness: list[float]) -> None:
         """The timer took wait-untils on to their next step, each this many seconds late."""

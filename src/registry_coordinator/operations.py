@@ -2,24 +2,28 @@
 
 Every action needs a reason and is recorded in the run's history with who took
 it. None takes an operator's word as evidence that a product acted:
-``retry-same`` resends the exact sealed request with its original key (the
-product's idempotency decides), ``reconcile`` completes a step only on the
-product's own receipt, and ``cancel`` stops future dispatch without undoing
-anything a product accepted.
+``retry-same`` takes the step again, resending the exact sealed request with its
+original key (the product's idempotency decides); ``reconcile`` completes a step
+only on the product's own evidence — its receipt for the original key, or an
+answer to the call that came back after Coordinator's claim on the run was lost;
+and ``cancel`` stops future dispatch without undoing anything a product accepted.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+from . import store
 from .authoring import Call
 from .calls import Product
-from .catalog import Recovery
+from .canonical import UnusableJson, strict_json
+from .catalog import Operation, Recovery
 from .database import Connection, Database, Row
+from .definition import Definition
 from .problems import Problem
-from .steps import ReplyKind, build_receipt_request
+from .steps import Reply, ReplyKind, build_receipt_request, detail
 from .store import TERMINAL
 from .timers import Timer
 from .workflows import Workflows
@@ -79,29 +83,20 @@ async def cancel(db: Database, run_id: uuid.UUID, actor: str, reason: str) -> bo
         return True
 
 
-async def _held_call(
-    conn: Connection, workflows: Workflows, db: Database, run_id: uuid.UUID
-) -> tuple[Row, Call, Any]:
+async def _held(conn: Connection, run_id: uuid.UUID) -> Row:
     run = await _locked(conn, run_id)
     if run["state"] != "held":
         raise Problem(409, "run.not-held", f"the run is {run['state']}, not held")
-    definition = await workflows.by_digest(db, run["digest"])
-    step = definition.step(run["step"])
-    if not isinstance(step, Call) or run["attempt"] == 0:
-        raise Problem(
-            409,
-            "run.nothing-to-resend",
-            f"the run is held at {run['step']}, which has no sealed request",
-        )
-    return run, step, definition
+    return run
 
 
 async def retry_same(
-    db: Database, workflows: Workflows, timer: Timer, run_id: uuid.UUID, actor: str, reason: str
+    db: Database, timer: Timer, run_id: uuid.UUID, actor: str, reason: str
 ) -> None:
-    """Make a held run resend its call's sealed request, byte for byte, with its key."""
+    """Make a held run take its step again: a call resends its sealed request, byte for
+    byte, with its original key (or, if it never sealed one, sends it for the first time)."""
     async with db.connection() as conn, conn.transaction():
-        run, _, _ = await _held_call(conn, workflows, db, run_id)
+        run = await _held(conn, run_id)
         await conn.row(
             "operator_resume",
             {
@@ -114,6 +109,36 @@ async def retry_same(
     timer.runnable()
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What a product said of a held call: its receipt for the original key, or its answer
+    to a sending that came back after Coordinator's claim on the run was lost."""
+
+    source: str  # receipt or late-answer
+    status: int | None
+    body: JSON  # the confirmed output, when ``problems`` is empty
+    problems: list[str]
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.problems
+
+
+def _judge(source: str, definition: Definition, operation: Operation, reply: Reply) -> Evidence:
+    """A product's answer as evidence: confirmed only as a 2xx that fits the response schema."""
+    if reply.kind is not ReplyKind.RESPONSE or reply.status is None:
+        return Evidence(source, None, None, [reply.detail or "no answer"])
+    if reply.status // 100 != 2:
+        return Evidence(source, reply.status, None, [f"answered {reply.status}"])
+    try:
+        body = strict_json(reply.body)
+    except UnusableJson as exc:
+        return Evidence(source, reply.status, None, [str(exc)])
+    return Evidence(
+        source, reply.status, body, definition.schema_errors(operation.response_schema, body)
+    )
+
+
 async def reconcile(
     db: Database,
     workflows: Workflows,
@@ -123,47 +148,54 @@ async def reconcile(
     actor: str,
     reason: str,
 ) -> None:
-    """Complete a held call from the product's receipt for its original key, or refuse."""
+    """Complete a held call on the product's own evidence — its receipt for the original
+    key, or else an answer to it that came back late — or refuse, leaving the run held."""
     async with db.connection() as conn:
         async with conn.transaction():
-            run, step, definition = await _held_call(conn, workflows, db, run_id)
+            run = await _held(conn, run_id)
+        definition = await workflows.by_digest(db, run["digest"])
+        step = definition.step(run["step"])
+        sealed = await conn.row("sealed_request", {"id": run_id, "step": run["step"]})
+        if not isinstance(step, Call) or sealed is None:
+            raise Problem(
+                409,
+                "run.nothing-to-resend",
+                f"the run is held at {run['step']}, where no request was sent: retry-same "
+                "takes the step again, or cancel",
+            )
         operation = definition.operations[step.id]
-        if operation.recovery is not Recovery.SAME_COMMAND_AND_RECEIPT:
+        evidence: Evidence | None = None
+        if operation.recovery is Recovery.SAME_COMMAND_AND_RECEIPT:
+            product = products[step.connection]
+            lookup = build_receipt_request(operation, sealed["idempotency_key"])
+            async with product.limiter:
+                reply = await product.read(lookup)
+            evidence = _judge("receipt", definition, operation, reply)
+        if evidence is None or not evidence.confirmed:
+            late = await store.late_answer(db, run_id, step.id)
+            if late is not None:
+                answer = Reply(
+                    ReplyKind.RESPONSE, late["late_status"], bytes(late["late_response"])
+                )
+                evidence = _judge("late-answer", definition, operation, answer)
+        if evidence is None:
             raise Problem(
                 409,
                 "run.no-receipt",
-                f"{operation.product}/{operation.name} has no receipt lookup; check the "
-                "product, then retry-same or cancel",
+                f"{operation.product}/{operation.name} has no receipt lookup, and no answer to "
+                "it came back; check the product, then retry-same or cancel",
             )
-        sealed = await conn.row("sealed_request", {"id": run_id, "step": run["step"]})
-        assert sealed is not None and sealed["idempotency_key"] is not None
-        product = products[step.connection]
-        lookup = build_receipt_request(operation, sealed["idempotency_key"])
-        async with product.limiter:
-            reply = await product.send(lookup, product.url(lookup.target))
-        body: JSON = None
-        problems = ["no answer"]
-        if (
-            reply.kind is ReplyKind.RESPONSE
-            and reply.status is not None
-            and reply.status // 100 == 2
-        ):
-            try:
-                body = json.loads(reply.body)
-                problems = definition.schema_errors(operation.response_schema, body)
-            except ValueError:
-                problems = ["the receipt is not JSON"]
-        confirmed = not problems
         async with conn.transaction():
             current = await _locked(conn, run_id)
             if current["seq"] != run["seq"]:
                 raise Problem(409, "run.changed", "the run changed meanwhile; look again")
-            detail = {
+            event = {
                 "reason": reason,
-                "receiptStatus": reply.status,
+                "evidence": evidence.source,
+                "receiptStatus": evidence.status,
                 "key": sealed["idempotency_key"],
             }
-            if confirmed:
+            if evidence.confirmed:
                 await conn.row(
                     "operator_complete",
                     {
@@ -171,13 +203,15 @@ async def reconcile(
                         "seq": run["seq"],
                         "next": step.next,
                         "step": step.id,
-                        "outputs": {step.id: body},
+                        "outputs": {step.id: evidence.body},
                         "actor": actor,
-                        "event": detail,
+                        "event": event,
                     },
                 )
             else:
-                detail["why"] = "; ".join(problems) if reply.status != 404 else "no receipt"
+                event["why"] = (
+                    "no receipt" if evidence.status == 404 else detail("; ".join(evidence.problems))
+                )
                 await conn.row(
                     "operator_note",
                     {
@@ -186,11 +220,11 @@ async def reconcile(
                         "cancel": False,
                         "kind": "reconcile-unconfirmed",
                         "actor": actor,
-                        "event": detail,
+                        "event": event,
                     },
                 )
-    if not confirmed:
-        if reply.status == 404:
+    if not evidence.confirmed:
+        if evidence.status == 404:
             raise Problem(
                 409,
                 "reconcile.no-receipt",
@@ -200,7 +234,8 @@ async def reconcile(
         raise Problem(
             502,
             "reconcile.unavailable",
-            f"the receipt could not be read ({reply.status or reply.detail}); the run stays held",
+            f"the product's evidence could not be used ({detail('; '.join(evidence.problems))});"
+            " the run stays held",
         )
     timer.runnable()
 

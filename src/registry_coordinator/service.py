@@ -19,7 +19,6 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 
 import httpx
 import trio
@@ -30,7 +29,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from . import store
 from .api import Context, create_app
 from .auth import Authenticator
-from .calls import Calls, Product, with_products
+from .calls import Calls, Product, open_products
 from .config import Config
 from .database import Database
 from .embedded import EmbeddedPostgres
@@ -88,9 +87,8 @@ async def serve(config: Config, workflows: Workflows) -> None:
         taken = await store.take_over(db, holder)
         if taken:
             log.info("took over %d claims left by the previous process on %s", taken, holder.name)
-        await with_products(
-            config.connections, partial(_supervise, config, workflows, db, holder.name)
-        )
+        async with open_products(config.connections) as (products, client):
+            await _supervise(config, workflows, db, holder.name, products, client)
     log.info("stopped")
 
 

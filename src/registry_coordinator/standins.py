@@ -8,8 +8,8 @@ webhooks when a review is decided or a message delivered.
 
 For testing they keep a ledger of every request and every key they applied, and
 accept fault rules (answer with a status, hang after applying, delay, answer
-garbage) on a control route. The ledger is how tests prove a mutation was never
-sent twice.
+garbage, answer with given raw bytes after applying) on a control route. The
+ledger is how tests prove a mutation was never sent twice.
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ class Fault:
     """A rule that changes how matching requests are answered, ``times`` times (None: always)."""
 
     match: str  # "METHOD /path-prefix", or "*"
-    mode: str  # status, hang-after-apply, delay, invalid
+    mode: str  # status, hang-after-apply, delay, invalid, answer
     status: int = 503
     seconds: float = 0.0
     retry_after: int | None = None
     times: int | None = None
+    body: str = ""  # answer: the raw body sent with ``status`` once the route has applied
 
     def matches(self, method: str, path: str) -> bool:
         if self.match == "*":
@@ -177,6 +178,7 @@ class StandIn:
                     r.get("seconds", 0.0),
                     r.get("retryAfter"),
                     r.get("times"),
+                    r.get("body", ""),
                 )
                 for r in rules
             ]
@@ -252,6 +254,8 @@ class StandIn:
             await trio.sleep(fault.seconds)
         if fault is not None and fault.mode == "invalid":
             return _json(200, {"unexpected": True})
+        if fault is not None and fault.mode == "answer":
+            return Response(fault.body, status=fault.status, content_type="application/json")
         return _json(status, answer)
 
     def _issue(self, body: bytes) -> Response:

@@ -2,16 +2,21 @@
 
 Each function is one short transaction built from the named queries in
 ``sql/queries.sql``. A transition and its history event are one statement, and
-it commits only while the worker still holds the run at the sequence number it
-read, so no transition is ever applied twice and none is half-applied.
+it commits only while the worker's claim still holds the run at the step it
+decided the transition for. Every transition moves the run to another step or
+gives up the claim, so none is ever applied twice — not even when an outage hid
+whether the first sending of its statement committed — and none is half-applied.
+Within a run, events are numbered by ``seq`` and never dated before the one
+before them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -25,6 +30,7 @@ from .canonical import canonical_bytes, digest_of
 from .database import Database, Row
 from .definition import Definition
 from .expressions import format_instant, parse_instant
+from .failures import HoldCode
 from .faults import crash_point
 from .steps import (
     Advance,
@@ -111,6 +117,7 @@ class Claimed:
     """A run this process holds, as it stands after the last committed transition."""
 
     id: uuid.UUID
+    workflow_id: str
     digest: str
     input: JSON
     state: str
@@ -131,6 +138,7 @@ class Claimed:
     def from_row(cls, row: Row) -> Claimed:
         return cls(
             id=row["id"],
+            workflow_id=row["workflow_id"],
             digest=row["digest"],
             input=row["input"],
             state=row["state"],
@@ -330,7 +338,7 @@ class Committed:
 
 async def commit(
     db: Database,
-    definition: Definition,
+    definition: Definition | None,
     run: Claimed,
     transition: Transition,
     lease: timedelta,
@@ -349,11 +357,15 @@ async def commit(
     nothing from outside (a choose, a finish, a wait-until): each still gets its own
     history event, and a crash commits all of them or none. A ``settlement`` records
     a call's outcome in the same statement; if an operator asked to cancel while the
-    call was in flight, the run is cancelled instead of going on. ``poll`` is how
-    often a run entering a wait-for reads its result if no delivery wakes it. ``now``
-    is the instant the transition was decided at, which its history events record.
-    One statement does it all, but where a wait-for begins or ends: then the waits
-    table changes in the same transaction.
+    call was in flight, the run is cancelled instead of going on. A settlement that an
+    earlier sending of the same statement already recorded (an outage hid that it
+    committed) is success, not a second transition. ``poll`` is how often a run
+    entering a wait-for reads its result if no delivery wakes it. ``now`` is the
+    instant the transition was decided at, which its history events record.
+    ``definition`` may be None only to expire a run whose definition cannot be used.
+    One statement does it all, but where a wait-for begins: then the wait is
+    registered in the same transaction, which first takes the result key's lock
+    (``lock_result_key``) so that a delivery committing meanwhile is not missed.
     """
     now = now or run.now()
     if settlement is None and run.dispatched:
@@ -364,6 +376,7 @@ async def commit(
     after = _after(run, params, now)
     ahead = None
     while go_on and isinstance(taken[-1][1], Advance) and params["lease_token"] is not None:
+        assert definition is not None
         following = on_due(definition, after.record(), after.step, False, None, now)
         if not isinstance(following, TAKEN_AT_ONCE):
             ahead = Ahead(following, now)
@@ -372,33 +385,47 @@ async def commit(
         taken.append((after.step, following))
         events.append(params)
         after = _after(after, params, now)
-    leaves_wait = run.state == "waiting" and isinstance(definition.step(run.step), WaitFor)
-    statement = _statement(events)
+    statement = _statement(events, leaves_wait=run.state == "waiting")
+    due_at = params["due_at"]
     async with db.connection() as conn:
-        if leaves_wait or wait is not None:
+        if wait is not None:
             async with conn.transaction():
+                await conn.execute("lock_result_key", wait)
                 if not await conn.row("transition", statement):
                     raise LeaseLost(str(run.id))
                 crash_point("mid-transition")
-                if leaves_wait:
-                    await conn.execute("drop_wait", {"id": run.id})
-                if wait is not None:
-                    await conn.execute("register_wait", wait)
-                    await conn.execute("wake_if_delivered", wait)
+                await conn.execute("register_wait", wait)
+                woken = await conn.row("wake_if_delivered", wait)
+                if woken is not None:
+                    due_at = woken["due_at"]  # delivered already: read it at once
         elif not await conn.row("transition", statement):
-            asked = await conn.row("cancel_requested", {"id": run.id, "token": run.token})
-            if settlement is None or asked is None or not asked["cancel_requested"]:
-                raise LeaseLost(str(run.id))
-            cancelled = Cancelled("cancelled by an operator while a call was in flight", transition)
-            params, _ = _columns(
-                definition, run, cancelled, lease, keep_lease, poll, now, settlement
+            why = await conn.row(
+                "unmoved",
+                {"id": run.id, "token": run.token, "step": run.step, "attempt": run.attempt},
             )
-            if not await conn.row("transition", _statement([params])):
+            if why is None or settlement is None:
                 raise LeaseLost(str(run.id))
-            taken, after, ahead = [(run.step, cancelled)], _after(run, params, now), None
+            if settlement.outcome != "interrupted" and (why["outcome"], why["status"]) == (
+                settlement.outcome,
+                settlement.status,
+            ):
+                pass  # this very settlement committed before: already applied
+            elif why["holding"] and why["cancel_requested"]:
+                cancelled = Cancelled(
+                    "cancelled by an operator while a call was in flight", transition
+                )
+                params, _ = _columns(
+                    definition, run, cancelled, lease, keep_lease, poll, now, settlement
+                )
+                if not await conn.row("transition", _statement([params], leaves_wait=False)):
+                    raise LeaseLost(str(run.id))
+                taken, after, ahead = [(run.step, cancelled)], _after(run, params, now), None
+                due_at = params["due_at"]
+            else:
+                raise LeaseLost(str(run.id))
     return Committed(
         after,
-        params["due_at"],
+        due_at,
         tuple(taken),
         params["outcome"],
         params["lease_token"] is not None,
@@ -432,12 +459,14 @@ _AS_THE_FIRST_HAS_THEM = (
 )
 
 
-def _statement(transitions: list[dict[str, Any]]) -> dict[str, Any]:
+def _statement(transitions: list[dict[str, Any]], *, leaves_wait: bool) -> dict[str, Any]:
     """One ``transition`` statement for transitions taken one after another: the run's
     columns as the last leaves them, what each step recorded, an event for each, and the
-    settled call (if any) and the cancellation check as the first has them."""
+    settled call (if any) and the cancellation check as the first has them. With
+    ``leaves_wait`` the run was waiting, and any wait it had registered is dropped."""
     first, last = transitions[0], transitions[-1]
     merged = {name: value for name, value in last.items() if name not in ("kind", "event")}
+    merged["leaves_wait"] = leaves_wait
     merged.update({name: first[name] for name in _AS_THE_FIRST_HAS_THEM})
     merged.update(
         outputs={k: v for t in transitions for k, v in t["outputs"].items()},
@@ -450,7 +479,7 @@ def _statement(transitions: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _columns(
-    definition: Definition,
+    definition: Definition | None,
     run: Claimed,
     transition: Transition | Cancelled,
     lease: timedelta,
@@ -482,7 +511,7 @@ def _columns(
         "failure_code": None,
         "hold_code": None,
         "detail": None,
-        "ended_at": None,
+        "ends": False,
         "honour_cancel": not isinstance(transition, Cancelled),
         "call_status": settlement.status if settlement else None,
         "call_response": settlement.response if settlement else None,
@@ -496,7 +525,7 @@ def _columns(
         params.update(
             state="cancelled",
             detail=transition.reason,
-            ended_at=now,
+            ends=True,
             kind="cancelled",
             event={"reason": transition.reason},
         )
@@ -518,7 +547,7 @@ def _columns(
             completed={step: format_instant(now)},
             outcome=transition.outcome,
             output=Jsonb(transition.output),
-            ended_at=now,
+            ends=True,
             kind="finished",
             event={"outcome": transition.outcome},
         )
@@ -529,7 +558,7 @@ def _columns(
             failure_code=transition.code.value if failed else None,
             hold_code=None if failed else transition.code.value,
             detail=transition.detail,
-            ended_at=now if failed else None,
+            ends=failed,
             attempt=run.attempt,
             kind="failed" if failed else "held",
             event={"code": transition.code.value, "detail": transition.detail},
@@ -539,11 +568,12 @@ def _columns(
             state="expired",
             failure_code="deadline-reached",
             detail=f"the deadline {format_instant(run.deadline_at)} passed at step {step}",
-            ended_at=now,
+            ends=True,
             kind="expired",
             event={"deadline": format_instant(run.deadline_at)},
         )
     elif isinstance(transition, Sleep):
+        assert definition is not None
         params.update(
             state="waiting",
             timer_at=transition.until,
@@ -553,6 +583,7 @@ def _columns(
             event={"until": format_instant(transition.until)},
         )
     elif isinstance(transition, Await):
+        assert definition is not None
         wait_step = definition.step(step)
         assert isinstance(wait_step, WaitFor)
         timeout = transition.timeout_at
@@ -590,30 +621,28 @@ def _columns(
 
 
 def wait_due(
-    now: datetime, timeout: datetime | None, deadline: datetime, poll: timedelta | None
+    now: datetime,
+    timeout: datetime | None,
+    deadline: datetime,
+    poll: timedelta | None,
+    jitter: Callable[[], float] = random.random,
 ) -> datetime:
-    """When a waiting wait-for next falls due: its poll, its timeout or the deadline."""
-    candidates = [deadline, *([timeout] if timeout else []), *([now + poll] if poll else [])]
+    """When a waiting wait-for next falls due: its poll, its timeout or the deadline. The
+    poll is spread by ±10% (``jitter`` gives a number in [0, 1]), so runs that began to
+    wait in a burst do not all read their results in one burst every poll."""
+    candidates = [deadline, *([timeout] if timeout else [])]
+    if poll:
+        candidates.append(now + poll * (0.9 + 0.2 * jitter()))
     return min(candidates)
 
 
-async def release_wait(
-    db: Database, run: Claimed, step: WaitFor, key: str, poll: timedelta | None, since: datetime
-) -> datetime:
-    """Give back a waiting run whose result was not final; returns when it is due next
-    (at once if a delivery arrived since ``since``)."""
+async def release_wait(db: Database, run: Claimed, poll: timedelta | None) -> datetime:
+    """Give back a waiting run whose result was not final; returns when it is due next:
+    at its poll, timeout or deadline — or at once if a delivery was recorded since the
+    run was claimed (so each delivery is followed by one read, and no more)."""
     due = wait_due(run.now(), run.timer_at, run.deadline_at, poll)
     row = await db.row(
-        "release_wait",
-        {
-            "id": run.id,
-            "token": run.token,
-            "connection": step.connection,
-            "result": step.result_name,
-            "key": key,
-            "since": since,
-            "due_at": due,
-        },
+        "release_wait", {"id": run.id, "token": run.token, "seq": run.seq, "due_at": due}
     )
     return row["due_at"] if row else due
 
@@ -625,6 +654,78 @@ class Cancelled:
 
     reason: str
     instead: Transition
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A result webhook as the store records it."""
+
+    connection: str
+    event_id: str
+    result: str
+    key: str
+    payload: JSON
+
+
+async def record_delivery(db: Database, delivery: Delivery) -> tuple[bool, int]:
+    """Keep a delivery once and wake the runs waiting for it; whether it was new, and how
+    many runs it woke. Holds the result key's lock (see :func:`commit`)."""
+    params = {
+        "connection": delivery.connection,
+        "event_id": delivery.event_id,
+        "result": delivery.result,
+        "key": delivery.key,
+        "payload": Jsonb(delivery.payload),
+    }
+    async with db.connection() as conn, conn.transaction():
+        await conn.execute("lock_result_key", params)
+        row = await conn.row("record_delivery", params)
+    assert row is not None
+    return row["new"] > 0, row["woken"]
+
+
+#: Defects in a row at one step before the run is held rather than tried again.
+DEFECTS_BEFORE_HOLD = 3
+#: How long after its first defect a run is tried again; doubled after each.
+DEFECT_BACKOFF = timedelta(seconds=1)
+
+
+async def record_defect(db: Database, run: Claimed, code: HoldCode, detail: str) -> bool:
+    """Let go of a run after an unexpected error of Coordinator's own: tried again later,
+    or held with ``code`` (True) at the :data:`DEFECTS_BEFORE_HOLD`-th in a row, or at
+    once if a call of it may have left. Nothing is written if the claim is gone."""
+    row = await db.row(
+        "record_defect",
+        {
+            "id": run.id,
+            "token": run.token,
+            "limit": DEFECTS_BEFORE_HOLD,
+            "backoff": DEFECT_BACKOFF,
+            "code": code.value,
+            "detail": detail,
+            "actor": run.actor,
+        },
+    )
+    return row is not None and row["state"] == "held"
+
+
+async def keep_late_answer(db: Database, run: Claimed, status: int, body: bytes) -> bool:
+    """Keep an answer that came back after this claim on the run was lost, on the
+    sending's execution, noted in the history; False if there was nothing to keep it on."""
+    params = {
+        "id": run.id,
+        "step": run.step,
+        "attempt": run.attempt,
+        "status": status,
+        "response": body,
+        "actor": run.actor,
+    }
+    return await db.row("keep_late_answer", params) is not None
+
+
+async def late_answer(db: Database, run_id: uuid.UUID, step: str) -> Row | None:
+    """The latest 2xx answer to a call step that came back after its claim was lost."""
+    return await db.row("late_answer", {"id": run_id, "step": step})
 
 
 async def status(db: Database, run_id: uuid.UUID) -> Row | None:

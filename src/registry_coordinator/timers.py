@@ -42,13 +42,26 @@ class Timer:
         self._idle = trio.lowlevel.ParkingLot()
         self._changed = trio.Event()
         self._target = math.inf  # trio time the timer next looks at the database
+        self._ticking = False
+        self._scheduled_meanwhile = math.inf  # the earliest scheduled during a tick
         self._closed = False
 
+    @property
+    def next_look(self) -> float:
+        """The Trio time at which the timer next looks at the database (unless woken)."""
+        return self._target
+
     def scheduled(self, seconds: float) -> None:
-        """A run falls due ``seconds`` from now; wake early if that is sooner than planned."""
+        """A run falls due ``seconds`` from now; wake early if that is sooner than planned.
+        While a tick is reading the database, the tick's answer may already be stale: the
+        instant is kept, and the timer looks again by then at the latest."""
         if seconds <= 0:
             self._idle.unpark()
-        elif trio.current_time() + seconds < self._target:
+            return
+        at = trio.current_time() + seconds
+        if self._ticking:
+            self._scheduled_meanwhile = min(self._scheduled_meanwhile, at)
+        elif at < self._target:
             self._changed.set()
 
     def runnable(self) -> None:
@@ -75,6 +88,7 @@ class Timer:
         failures = 0
         while True:
             self._changed = trio.Event()
+            self._ticking, self._scheduled_meanwhile = True, math.inf
             try:
                 delay = await self._tick()
                 failures = 0
@@ -82,7 +96,9 @@ class Timer:
                 failures += 1
                 log.warning("timer: database unavailable: %s", exc)
                 delay = min(30.0, 0.5 * 2**failures)
-            self._target = trio.current_time() + delay
+            finally:
+                self._ticking = False
+            self._target = min(trio.current_time() + delay, self._scheduled_meanwhile)
             with trio.move_on_at(self._target):
                 await self._changed.wait()
 

@@ -8,12 +8,18 @@ that connection's pool, so a slow product never ties up a worker. The lease
 keeper extends the leases of every run this process holds; if the process dies,
 the leases run out and any worker, here or in another process, picks the runs up
 again from their last committed step.
+
+An unexpected error while a worker holds a run — its definition cannot be loaded,
+an exception of Coordinator's own — is counted on the run (``store.record_defect``):
+the run is tried again after a backoff, and held for an operator after a few in a
+row, rather than claimed again and again. A run whose deadline has passed expires
+even when its definition cannot be loaded.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import trio
 
@@ -22,15 +28,15 @@ from .calls import Calls
 from .config import EngineConfig
 from .database import Database, Unavailable
 from .definition import Definition
+from .diagnostics import Refused
+from .failures import HoldCode
 from .faults import crash_point
 from .metrics import Metrics
-from .steps import Fetch, Send, on_due
+from .steps import Expire, Fetch, Send, Transition, detail, on_due
 from .timers import Timer
 from .workflows import Workflows
 
 log = logging.getLogger(__name__)
-#: How long a run waits before a worker tries again when its connection's queue is full.
-SATURATED_BACKOFF = timedelta(seconds=1)
 
 
 class Engine:
@@ -101,18 +107,47 @@ class Engine:
                 self.timer.runnable()
                 crash_point("after-claim")
                 with self.holdings.holding(run.token):
-                    definition = await self.workflows.by_digest(self.db, run.digest)
-                    await self.advance(definition, run)
+                    await self._take(run)
                 failures = 0
             except Unavailable as exc:
                 failures += 1
                 log.warning("database unavailable: %s", exc)
                 await trio.sleep(min(30.0, 0.5 * 2**failures))
             except Exception:
-                # A defect, not an outage: the run is left to its lease and tried again
-                # later; this worker carries on with other runs.
+                # Not even the defect could be recorded: the run is left to its lease,
+                # and this worker carries on with other runs.
                 log.exception("worker: unexpected error")
                 await trio.sleep(1.0)
+
+    async def _take(self, run: store.Claimed) -> None:
+        """Advance a claimed run; a defect of Coordinator's own is counted on the run
+        (and, after a few in a row, holds it) instead of leaving it to its lease."""
+        try:
+            definition = await self.workflows.by_digest(self.db, run.digest)
+        except Unavailable:
+            raise
+        except Exception as exc:
+            if run.now() >= run.deadline_at:
+                await self._commit(None, run, Expire(), run.now())
+                return
+            why = exc.diagnostics[0].message if isinstance(exc, Refused) else str(exc)
+            log.error("the run's definition cannot be used: %s", why, extra={"run": run.id})
+            await self._defect(run, HoldCode.DEFINITION_UNUSABLE, f"its definition: {why}")
+            return
+        try:
+            await self.advance(definition, run)
+        except Unavailable:
+            raise
+        except Exception as exc:
+            log.exception("worker: unexpected error", extra={"run": run.id})
+            await self._defect(run, HoldCode.ENGINE_DEFECT, f"{type(exc).__name__}: {exc}")
+
+    async def _defect(self, run: store.Claimed, code: HoldCode, what: str) -> None:
+        why = detail(f"failed at step {run.step}: {what}")
+        if await store.record_defect(self.db, run, code, why):
+            log.error("run held (%s): %s", code, why, extra={"run": run.id})
+        else:
+            self.timer.scheduled(store.DEFECT_BACKOFF.total_seconds())
 
     async def advance(
         self, definition: Definition, run: store.Claimed, ahead: store.Ahead | None = None
@@ -144,41 +179,55 @@ class Engine:
                 await store.release(self.db, run, due)
                 self._schedule(run, due)
                 return
-            if isinstance(transition, Fetch):
-                self.calls.fetch(definition, run, transition)
-                return
-            if isinstance(transition, Send):
-                if self.calls.product(definition, run.step).saturated:
-                    await store.release(self.db, run, now + SATURATED_BACKOFF)
-                    self._schedule(run, now + SATURATED_BACKOFF)
+            if isinstance(transition, Fetch | Send):
+                product = self.calls.connection(definition, run.step)
+                if product.saturated(read=isinstance(transition, Fetch)):
+                    # Its queue is full: come back when it has had time to drain.
+                    later = now + product.drain_time()
+                    await store.release(self.db, run, later)
+                    self._schedule(run, later)
+                elif isinstance(transition, Fetch):
+                    self.calls.fetch(definition, run, transition)
                 else:
                     self.calls.submit(definition, run, transition.request)
                 return
             crash_point("before-commit")
-            try:
-                committed = await store.commit(
-                    self.db,
-                    definition,
-                    run,
-                    transition,
-                    self.config.lease,
-                    poll=self.calls.poll(definition, run.step),
-                    now=now,
-                    go_on=True,
-                )
-            except store.LeaseLost:
-                log.warning("lease lost to another worker; leaving the run", extra={"run": run.id})
-                return
-            crash_point("after-commit")
-            if run.timer_at is not None and now >= run.timer_at:
-                self.metrics.timer_lateness.observe((now - run.timer_at).total_seconds())
-            self.metrics.committed(definition, committed)
-            logs.transitions(committed, run.id)
-            if not committed.held:
-                if committed.due_at is not None:
-                    self._schedule(committed.run, committed.due_at)
+            committed = await self._commit(definition, run, transition, now)
+            if committed is None or not committed.held:
                 return
             run, ahead = committed.run, committed.ahead
+
+    async def _commit(
+        self,
+        definition: Definition | None,
+        run: store.Claimed,
+        transition: Transition,
+        now: datetime,
+    ) -> store.Committed | None:
+        """Commit a step's transition (and the steps after it that need nothing from
+        outside); None if another holder has the run now."""
+        try:
+            committed = await store.commit(
+                self.db,
+                definition,
+                run,
+                transition,
+                self.config.lease,
+                poll=self.calls.poll(definition, run.step) if definition else None,
+                now=now,
+                go_on=definition is not None,
+            )
+        except store.LeaseLost:
+            log.warning("lease lost to another worker; leaving the run", extra={"run": run.id})
+            return None
+        crash_point("after-commit")
+        if run.timer_at is not None and now >= run.timer_at:
+            self.metrics.timer_lateness.observe((now - run.timer_at).total_seconds())
+        self.metrics.committed(definition, committed)
+        logs.transitions(committed, run.id)
+        if not committed.held and committed.due_at is not None:
+            self._schedule(committed.run, committed.due_at)
+        return committed
 
     def _schedule(self, run: store.Claimed, due: datetime) -> None:
         self.timer.scheduled((due - run.now()).total_seconds())

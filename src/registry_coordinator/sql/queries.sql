@@ -56,8 +56,14 @@ SELECT id, input_digest FROM runs WHERE caller = %(caller)s AND start_key = %(st
 -- name: run_status
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
-       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       late.attempt AS late_attempt, late.late_status, late.late_at
 FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
+    SELECT e.attempt, e.late_status, e.late_at FROM executions e
+    WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
+    ORDER BY e.attempt DESC LIMIT 1
+) late ON true
 WHERE r.id = %(id)s;
 
 -- name: run_history
@@ -71,13 +77,13 @@ SET due_at = clock_timestamp() + %(lease)s, lease_owner = %(owner)s,
     lease_token = gen_random_uuid()
 FROM (
     SELECT id FROM runs
-    WHERE due_at <= clock_timestamp()
+    WHERE due_at <= clock_timestamp() AND ended_at IS NULL
     ORDER BY due_at
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ) due
 WHERE r.id = due.id
-RETURNING r.id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
+RETURNING r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
           r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
           r.lease_token, r.dispatched_at, clock_timestamp() AS now;
 
@@ -128,11 +134,16 @@ SELECT lateness FROM moved;
 -- name: transition
 -- Commit a run's transitions and their history events (one each, in order: a step
 -- and the steps after it that need nothing from outside), only while this claim still
--- holds the run (its lease token): a run never moves twice from one state, and a
--- holder whose lease ran out, or whose run an operator cancelled, writes nothing. When
--- the first transition settles a call, the call's outcome is recorded by the same
--- statement — unless an operator asked to cancel meanwhile (%(honour_cancel)s): then
--- nothing is written and the holder commits the cancellation instead.
+-- holds the run (its lease token) at the step it decided them for. Every transition
+-- either moves the run to another step or gives up the claim (the graph is acyclic),
+-- so one claim applies a step's transition once: a statement sent again after an
+-- outage hid whether it committed writes nothing the second time. A holder whose lease
+-- ran out, or whose run an operator cancelled, writes nothing either. When the first
+-- transition settles a call, the call's outcome is recorded by the same statement —
+-- unless an operator asked to cancel meanwhile (%(honour_cancel)s): then nothing is
+-- written and the holder commits the cancellation instead. Leaving a wait-for drops
+-- its wait. Events are never dated before the run's last one (a delivery or an
+-- operator may have written one since the holder decided), so `at` grows with `seq`.
 WITH moved AS (
     UPDATE runs
     SET state = %(state)s, step = %(step)s, seq = seq + cardinality(%(kinds)s::text[]),
@@ -141,11 +152,15 @@ WITH moved AS (
         lease_owner = %(lease_owner)s, lease_token = %(lease_token)s,
         outputs = outputs || %(outputs)s, completed = completed || %(completed)s,
         outcome = %(outcome)s, output = %(output)s, failure_code = %(failure_code)s,
-        hold_code = %(hold_code)s, detail = %(detail)s, updated_at = %(now)s,
-        ended_at = %(ended_at)s, dispatched_at = NULL, cancel_requested = false
-    WHERE id = %(id)s AND lease_token = %(token)s
+        hold_code = %(hold_code)s, detail = %(detail)s,
+        updated_at = greatest(%(now)s, updated_at),
+        ended_at = CASE WHEN %(ends)s THEN greatest(%(now)s, updated_at) END,
+        dispatched_at = NULL, cancel_requested = false, defects = 0
+    WHERE id = %(id)s AND lease_token = %(token)s AND step = %(event_step)s
       AND NOT (cancel_requested AND %(honour_cancel)s)
-    RETURNING id, seq
+    RETURNING id, seq, updated_at AS at
+), unwaited AS (
+    DELETE FROM waits WHERE %(leaves_wait)s AND run_id IN (SELECT id FROM moved)
 ), settled AS (
     UPDATE executions
     SET settled_at = %(now)s, status = %(call_status)s, response = %(call_response)s,
@@ -154,24 +169,40 @@ WITH moved AS (
       AND step = %(event_step)s AND settled_at IS NULL
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT m.id, m.seq - cardinality(%(kinds)s::text[]) + e.n, %(now)s, e.kind, e.step,
+SELECT m.id, m.seq - cardinality(%(kinds)s::text[]) + e.n, m.at, e.kind, e.step,
        %(actor)s, e.detail
 FROM moved m,
      unnest(%(kinds)s::text[], %(event_steps)s::text[], %(events)s::jsonb[])
          WITH ORDINALITY AS e (kind, step, detail, n)
 RETURNING seq;
 
+-- name: unmoved
+-- Why a settling holder's transition wrote nothing: an operator asked to cancel while
+-- its claim stands (holding, cancel_requested); its own earlier sending of the same
+-- statement committed (the call's execution holds the outcome and status it was
+-- recording); or its claim is gone.
+SELECT r.lease_token IS NOT DISTINCT FROM %(token)s AS holding, r.cancel_requested,
+       e.outcome, e.status
+FROM runs r
+LEFT JOIN executions e ON e.run_id = r.id AND e.step = %(step)s AND e.attempt = %(attempt)s
+WHERE r.id = %(id)s;
+
 -- name: release_run
 -- Give a claimed run back without a transition (nothing was due yet).
 UPDATE runs SET due_at = %(due_at)s, lease_owner = NULL, lease_token = NULL
 WHERE id = %(id)s AND lease_token = %(token)s;
 
+-- name: lock_result_key
+-- Taken first by a delivery's transaction and by the transaction in which a run begins
+-- to wait, on the result key they share, and held to their commit: the one that comes
+-- second sees what the first committed (READ COMMITTED gives each later statement a
+-- new snapshot), so a delivery and a wait never both miss each other.
+SELECT pg_advisory_xact_lock(
+    hashtextextended(%(connection)s || '/' || %(result)s || '/' || %(key)s, 0));
+
 -- name: register_wait
 INSERT INTO waits (run_id, step, connection, result, key, since, timeout_at)
 VALUES (%(id)s, %(step)s, %(connection)s, %(result)s, %(key)s, %(now)s, %(timeout_at)s);
-
--- name: drop_wait
-DELETE FROM waits WHERE run_id = %(id)s;
 
 -- name: take_over_claims
 -- At startup: the claims a previous process of this holder (the same host and port)
@@ -219,11 +250,6 @@ SELECT id, seq, %(now)s, 'call-dispatched', %(step)s, %(actor)s,
 FROM moved
 RETURNING seq;
 
--- name: cancel_requested
--- Why a settling holder wrote nothing: an operator's cancellation (true), or its
--- lease is gone (no row).
-SELECT cancel_requested FROM runs WHERE id = %(id)s AND lease_token = %(token)s;
-
 -- name: admission_state
 SELECT held, reason, actor, at FROM admission;
 
@@ -245,78 +271,91 @@ FROM runs WHERE id = %(id)s FOR UPDATE;
 -- name: operator_note
 -- An operator's action that leaves the run where it is (a cancellation waiting for
 -- a call in flight, a reconciliation without a receipt): only its history event.
+-- Operators' events, like every event, are never dated before the run's last one.
 WITH moved AS (
     UPDATE runs SET seq = seq + 1, cancel_requested = cancel_requested OR %(cancel)s,
-                    updated_at = now()
+                    updated_at = greatest(now(), updated_at)
     WHERE id = %(id)s AND seq = %(seq)s
-    RETURNING id, seq, step
+    RETURNING id, seq, step, updated_at AS at
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, seq, now(), %(kind)s, step, %(actor)s, %(event)s FROM moved
+SELECT id, seq, at, %(kind)s, step, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: operator_cancel
 WITH moved AS (
     UPDATE runs
     SET state = 'cancelled', seq = seq + 1, due_at = NULL, timer_at = NULL, wakes_to = NULL,
-        lease_owner = NULL, lease_token = NULL,
-        hold_code = NULL, detail = %(detail)s, updated_at = now(), ended_at = now()
+        lease_owner = NULL, lease_token = NULL, hold_code = NULL, detail = %(detail)s,
+        updated_at = greatest(now(), updated_at), ended_at = greatest(now(), updated_at)
     WHERE id = %(id)s AND seq = %(seq)s
-    RETURNING id, seq, step
+    RETURNING id, seq, step, updated_at AS at
 ), unwaited AS (
     DELETE FROM waits WHERE run_id IN (SELECT id FROM moved)
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, seq, now(), 'cancelled', step, %(actor)s, %(event)s FROM moved
+SELECT id, seq, at, 'cancelled', step, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: operator_resume
--- retry-same: the held run is due at once; the worker resends the sealed request.
+-- retry-same: the held run is due at once to take its step again: a call resends its
+-- sealed request, if it has one; a run held while waiting for a result (its wait is
+-- still registered) waits again, and reads the result at once.
 WITH moved AS (
     UPDATE runs
-    SET state = 'running', seq = seq + 1, due_at = now(), hold_code = NULL, detail = NULL,
-        updated_at = now()
+    SET state = CASE WHEN EXISTS (SELECT 1 FROM waits WHERE run_id = %(id)s)
+                     THEN 'waiting' ELSE 'running' END,
+        seq = seq + 1, due_at = now(), hold_code = NULL, detail = NULL, defects = 0,
+        updated_at = greatest(now(), updated_at)
     WHERE id = %(id)s AND seq = %(seq)s AND state = 'held'
-    RETURNING id, seq, step
+    RETURNING id, seq, step, updated_at AS at
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, seq, now(), 'retry-same', step, %(actor)s, %(event)s FROM moved
+SELECT id, seq, at, 'retry-same', step, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: operator_complete
--- reconcile: the product's receipt confirms the call; the step completes with it.
+-- reconcile: the product's own evidence (its receipt, or an answer that came back
+-- late) confirms the call; the step completes with it.
 WITH moved AS (
     UPDATE runs
     SET state = 'running', seq = seq + 1, step = %(next)s, attempt = 0, due_at = now(),
-        hold_code = NULL, detail = NULL, dispatched_at = NULL, updated_at = now(),
+        hold_code = NULL, detail = NULL, dispatched_at = NULL, defects = 0,
+        updated_at = greatest(now(), updated_at),
         outputs = outputs || %(outputs)s,
-        completed = completed || jsonb_build_object(step, rfc3339(now()))
+        completed = completed || jsonb_build_object(step, rfc3339(greatest(now(), updated_at)))
     WHERE id = %(id)s AND seq = %(seq)s AND state = 'held'
-    RETURNING id, seq
+    RETURNING id, seq, updated_at AS at
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-SELECT id, seq, now(), 'reconciled', %(step)s, %(actor)s, %(event)s FROM moved
+SELECT id, seq, at, 'reconciled', %(step)s, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: record_delivery
--- Keep a webhook delivery (once per event id) and wake the runs waiting for it that
--- no worker holds; a held one notices the delivery when its holder lets go.
+-- Keep a webhook delivery (once per event id) and wake the runs waiting for it: one no
+-- worker holds falls due at once; for one a worker holds (reading its result), the
+-- new seq tells release_wait a delivery came meanwhile. Only a run still waiting at
+-- the step of its wait is touched — rechecked on the row as it stands when its lock
+-- is had, so a run that finished meanwhile is never woken again. Runs in the
+-- transaction that holds lock_result_key.
 WITH kept AS (
     INSERT INTO deliveries (connection, event_id, result, key, payload)
     VALUES (%(connection)s, %(event_id)s, %(result)s, %(key)s, %(payload)s)
     ON CONFLICT (connection, event_id) DO NOTHING
     RETURNING connection, result, key
 ), waiting AS (
-    SELECT w.run_id FROM waits w JOIN kept k
+    SELECT w.run_id, w.step FROM waits w JOIN kept k
     ON w.connection = k.connection AND w.result = k.result AND w.key = k.key
 ), woken AS (
-    UPDATE runs
-    SET due_at = CASE WHEN lease_token IS NULL THEN now() ELSE due_at END, seq = seq + 1
-    WHERE id IN (SELECT run_id FROM waiting)
-    RETURNING id, seq, step
+    UPDATE runs r
+    SET due_at = CASE WHEN r.lease_token IS NULL THEN now() ELSE r.due_at END,
+        seq = r.seq + 1, updated_at = greatest(now(), r.updated_at)
+    FROM waiting w
+    WHERE r.id = w.run_id AND r.state = 'waiting' AND r.step = w.step
+    RETURNING r.id, r.seq, r.step, r.updated_at AS at
 ), noted AS (
     INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-    SELECT id, seq, now(), 'result-delivered', step, 'webhook:' || %(connection)s,
+    SELECT id, seq, at, 'result-delivered', step, 'webhook:' || %(connection)s,
            jsonb_build_object('eventId', %(event_id)s::text, 'result', %(result)s::text,
                               'key', %(key)s::text)
     FROM woken
@@ -325,33 +364,104 @@ SELECT (SELECT count(*) FROM kept) AS new, (SELECT count(*) FROM woken) AS woken
        pg_notify('coordinator_wake', 'delivery');
 
 -- name: wake_if_delivered
--- A run that has just begun to wait: if its result was delivered already (even
--- before the wait existed), it is due at once to read it.
+-- A run that has just begun to wait (in the transaction that holds lock_result_key):
+-- if its result was delivered already (even before the wait existed), it is due at
+-- once to read it.
 UPDATE runs SET due_at = now()
 WHERE id = %(id)s AND EXISTS (
     SELECT 1 FROM deliveries
     WHERE connection = %(connection)s AND result = %(result)s AND key = %(key)s
-);
+)
+RETURNING due_at;
 
 -- name: release_wait
 -- Give a waiting run back after reading a result that was not final: due again at
--- its next poll, timeout or deadline — or at once if a delivery arrived meanwhile.
+-- its next poll, timeout or deadline — or at once if a delivery was recorded since
+-- it was claimed (its seq moved), which the read may not have seen. Evaluated on the
+-- row as it stands once a delivery's transaction has let go of it.
 UPDATE runs
 SET lease_owner = NULL, lease_token = NULL,
-    due_at = CASE WHEN EXISTS (
-        SELECT 1 FROM deliveries
-        WHERE connection = %(connection)s AND result = %(result)s AND key = %(key)s
-          AND received_at >= %(since)s
-    ) THEN now() ELSE %(due_at)s END
+    due_at = CASE WHEN seq <> %(seq)s THEN now() ELSE %(due_at)s END
 WHERE id = %(id)s AND lease_token = %(token)s
 RETURNING due_at;
+
+-- name: record_defect
+-- An unexpected error of Coordinator's own while this claim held the run: let go of
+-- it, due again after %(backoff)s doubled for each defect before — or, at the
+-- %(limit)s-th in a row, or when a call may have left (its outcome is not guessed),
+-- hold it with %(code)s. A held run's open sending is settled as a defect, so an
+-- operator's retry-same resends it rather than finding it interrupted again.
+WITH judged AS (
+    SELECT id, step, dispatched_at IS NOT NULL OR defects + 1 >= %(limit)s AS holds
+    FROM runs WHERE id = %(id)s AND lease_token = %(token)s
+    FOR UPDATE
+), moved AS (
+    UPDATE runs r
+    SET defects = r.defects + 1, lease_owner = NULL, lease_token = NULL,
+        state = CASE WHEN j.holds THEN 'held' ELSE r.state END,
+        hold_code = CASE WHEN j.holds THEN %(code)s ELSE r.hold_code END,
+        detail = CASE WHEN j.holds THEN %(detail)s ELSE r.detail END,
+        due_at = CASE WHEN j.holds THEN NULL
+                      ELSE clock_timestamp() + %(backoff)s::interval * power(2, r.defects) END,
+        seq = r.seq + CASE WHEN j.holds THEN 1 ELSE 0 END,
+        dispatched_at = CASE WHEN j.holds THEN NULL ELSE r.dispatched_at END,
+        updated_at = CASE WHEN j.holds THEN greatest(clock_timestamp(), r.updated_at)
+                          ELSE r.updated_at END
+    FROM judged j
+    WHERE r.id = j.id
+    RETURNING r.id, r.seq, r.step, r.state, r.defects, r.updated_at AS at, j.holds
+), settled AS (
+    UPDATE executions e SET settled_at = m.at, outcome = 'defect'
+    FROM moved m
+    WHERE m.holds AND e.run_id = m.id AND e.step = m.step AND e.settled_at IS NULL
+), evented AS (
+    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+    SELECT id, seq, at, 'held', step, %(actor)s,
+           jsonb_build_object('code', %(code)s::text, 'detail', %(detail)s::text)
+    FROM moved WHERE holds
+)
+SELECT state, defects FROM moved;
+
+-- name: keep_late_answer
+-- An answer that came back after the claim that sent its request was lost: kept once
+-- on that sending's execution, and noted in the run's history, as the product's
+-- evidence (shown with the hold; reconcile uses a 2xx one).
+WITH kept AS (
+    UPDATE executions
+    SET late_status = %(status)s, late_response = %(response)s, late_at = clock_timestamp()
+    WHERE run_id = %(id)s AND step = %(step)s AND attempt = %(attempt)s AND late_at IS NULL
+      AND outcome IS DISTINCT FROM 'response'
+    RETURNING run_id, step, attempt, late_at
+), moved AS (
+    UPDATE runs r SET seq = r.seq + 1, updated_at = greatest(k.late_at, r.updated_at)
+    FROM kept k
+    WHERE r.id = k.run_id
+    RETURNING r.id, r.seq, r.updated_at AS at, k.step, k.attempt
+)
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT id, seq, at, 'late-answer', step, %(actor)s,
+       jsonb_build_object('attempt', attempt, 'status', %(status)s::integer)
+FROM moved
+RETURNING seq;
+
+-- name: late_answer
+-- The latest answer that came back late with a 2xx status for a call step, for reconcile.
+SELECT attempt, late_status, late_response FROM executions
+WHERE run_id = %(id)s AND step = %(step)s AND late_status BETWEEN 200 AND 299
+ORDER BY attempt DESC LIMIT 1;
 
 -- name: list_runs_of_caller
 -- One page of a caller's runs, newest first, after the cursor (admitted_at, id).
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
-       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       late.attempt AS late_attempt, late.late_status, late.late_at
 FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
+    SELECT e.attempt, e.late_status, e.late_at FROM executions e
+    WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
+    ORDER BY e.attempt DESC LIMIT 1
+) late ON true
 WHERE r.caller = %(caller)s
   AND (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
   AND (%(state)s::text IS NULL OR r.state = %(state)s)
@@ -363,8 +473,14 @@ LIMIT %(limit)s;
 -- One page of every caller's runs, for operators.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
-       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       late.attempt AS late_attempt, late.late_status, late.late_at
 FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
+    SELECT e.attempt, e.late_status, e.late_at FROM executions e
+    WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
+    ORDER BY e.attempt DESC LIMIT 1
+) late ON true
 WHERE (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
   AND (%(state)s::text IS NULL OR r.state = %(state)s)
   AND (%(workflow)s::text IS NULL OR r.workflow_id = %(workflow)s)
