@@ -260,14 +260,19 @@ class Calls:
 
     def submit(self, definition: Definition, run: store.Claimed, request: Request) -> None:
         """Hand a claimed run at a call step to its connection's pool; returns at once."""
-        self._spawn(self._call(definition, run, request), run)
+        self._spawn(self._call(definition, run, request), run, definition)
 
     def fetch(self, definition: Definition, run: store.Claimed, fetch: Fetch) -> None:
         """Hand a claimed waiting run to its connection's pool to read its result."""
-        self._spawn(self._fetch(definition, run, fetch), run)
+        self._spawn(self._fetch(definition, run, fetch), run, definition)
 
-    def _spawn(self, job: Coroutine[Any, Any, None], run: store.Claimed) -> None:
+    def _spawn(
+        self, job: Coroutine[Any, Any, None], run: store.Claimed, definition: Definition
+    ) -> None:
+        """Start a call or read task. It counts in its connection's queue from now (the task
+        lets go of it), so the next worker's saturation check sees it at once."""
         assert self._nursery is not None
+        self.connection(definition, run.step).queued += 1
         self._in_flight += 1
         self._idle = trio.Event() if self._in_flight == 1 else self._idle
         self.holdings.take(run.token)  # before the hand-off, so the lease is never left unkept
@@ -303,7 +308,6 @@ class Calls:
 
     async def _call(self, definition: Definition, run: store.Claimed, request: Request) -> None:
         product = self.connection(definition, run.step)
-        product.queued += 1
         sending = Sending()
         dispatched = False
         try:
@@ -362,7 +366,6 @@ class Calls:
         assert isinstance(step, WaitFor)
         product = self.products[step.connection]
         poll = product.config.result_poll
-        product.queued += 1
         try:
             async with product.limiter:
                 lookup = fetch.result.fetch
