@@ -18,13 +18,13 @@ import trio
 from trio import fail_after
 
 from registry_coordinator import operations, store
-from registry_coordinator.calls import Calls, open_products
+from registry_coordinator.calls import Calls, Sending, open_products
 from registry_coordinator.config import Config, load_config
 from registry_coordinator.database import Database, StatementFailed, sync_connection
 from registry_coordinator.definition import Definition
 from registry_coordinator.metrics import Metrics
 from registry_coordinator.standins import StandIn, Tokens
-from registry_coordinator.steps import Held, Send, on_due
+from registry_coordinator.steps import Held, Request, Send, on_due
 from registry_coordinator.timers import Timer
 from registry_coordinator.workflows import Workflows
 
@@ -238,4 +238,27 @@ async def test_an_answer_the_database_refuses_holds_the_run_with_the_answer_kept
     assert execution is not None
     assert (execution["outcome"], execution["status"]) == ("response", 200)
     assert b'"status": "accepted"' in bytes(execution["response"])
+    assert len(product.ledger.requests) == 1
+
+
+@pytest.mark.trio
+async def test_the_connection_trace_tells_when_a_request_leaves(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """httpcore's trace reports the moment before a request's first byte is written: a
+    shutdown's "not sent" relies on it. Should a newer httpcore stop reporting it, this
+    fails, while the service falls back to counting every request handed over as sent."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (_, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        async with open_products(config.connections) as (products, _):
+            registry = products["registry"]
+            read = Request("GET", "/v1/records/applications/app-1", None, None)
+            sending = Sending()
+            assert sending.never_left
+            reply = await registry.send(
+                read, registry.url(read.target), f"Bearer {STANDIN_TOKEN}", sending
+            )
+    assert reply.status == 200
+    assert sending.left and Sending.proven and not sending.never_left
     assert len(product.ledger.requests) == 1

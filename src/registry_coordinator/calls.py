@@ -70,16 +70,26 @@ KEPT_ERROR_BODY = 2048
 
 
 class Sending:
-    """Whether a request has begun to leave: set by httpcore's trace of the connection,
-    the moment before the request's first byte is written. Until then, a failure or a
-    cancellation certainly left the product untouched."""
+    """Whether a request may have begun to leave. ``begun`` is set when it is handed to
+    httpx; ``left`` by httpcore's trace of the connection, the moment before its first
+    byte is written. The trace is trusted only once it has been seen to work in this
+    process (:attr:`proven`): should a newer httpcore stop reporting it, every request
+    handed to httpx counts as possibly sent, as if there were no trace."""
+
+    proven = False  # the trace has reported a request leaving, in this process
 
     def __init__(self) -> None:
+        self.begun = False
         self.left = False
+
+    @property
+    def never_left(self) -> bool:
+        """Certainly not sent: not handed to httpx, or the trace says no byte was written."""
+        return not self.begun or (Sending.proven and not self.left)
 
     async def trace(self, event: str, _: dict[str, Any]) -> None:
         if event.endswith("send_request_headers.started"):
-            self.left = True
+            self.left = Sending.proven = True
 
 
 class Product:
@@ -150,6 +160,7 @@ class Product:
         The caller holds a slot of :attr:`limiter`.
         """
         sending = sending or Sending()
+        sending.begun = True
         headers = {"Authorization": authorization}
         if request.idempotency_key is not None:
             headers["Idempotency-Key"] = request.idempotency_key
@@ -168,7 +179,8 @@ class Product:
                 retry_after = _retry_after(response.headers.get("Retry-After"))
                 reply = Reply(ReplyKind.RESPONSE, response.status_code, body, retry_after)
         except httpx.HTTPError as exc:
-            kind = ReplyKind.LOST if sending.left else ReplyKind.NOT_SENT
+            refused = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            kind = ReplyKind.NOT_SENT if refused or sending.never_left else ReplyKind.LOST
             return Reply(kind, detail=f"{type(exc).__name__}: {exc}")
         self.latency = 0.8 * self.latency + 0.2 * (trio.current_time() - started)
         return reply
@@ -341,14 +353,14 @@ class Calls:
             # that had not begun to leave was not sent; an unsealed one gives the run back.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
-                    if sending.left:
-                        why = "the service stopped during the call"
-                        await self._settle(definition, run, Reply(ReplyKind.LOST, detail=why))
-                    elif dispatched:
+                    if not dispatched:
+                        await store.release(self.db, run, run.now())
+                    elif sending.never_left:
                         why = "the service stopped before sending"
                         await self._settle(definition, run, Reply(ReplyKind.NOT_SENT, detail=why))
                     else:
-                        await store.release(self.db, run, run.now())
+                        why = "the service stopped during the call"
+                        await self._settle(definition, run, Reply(ReplyKind.LOST, detail=why))
                 except (store.LeaseLost, Unavailable, StatementFailed) as exc:
                     # The next holder finds the call dispatched, as after a crash.
                     log.warning(
