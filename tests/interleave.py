@@ -6,7 +6,7 @@ The code under test runs unchanged; only the database handle it is given differs
 * :class:`Paused` runs every statement on the real pool, but stops right after a
   named statement — inside its transaction, its locks held — until the test says go;
 * :class:`Uncommitted` runs every statement on one connection inside a transaction the
-  test opened and commits when it chooses;
+  test opened and commits when it chooses (:func:`rival_while_uncommitted`);
 * :class:`Failing` makes named statements fail as an outage or a defect would: before
   they run, or after they committed (the answer lost on the way back).
 
@@ -171,4 +171,29 @@ async def rival_while_paused(
         nursery.start_soon(run_rival)
         blocked = await blocked_or_done(observer, done)
         paused.go()
+    return blocked, results[0]
+
+
+async def rival_while_uncommitted(
+    db: Database,
+    first: Callable[[Database], Awaitable[object]],
+    rival: Callable[[], Awaitable[T]],
+) -> tuple[bool, T]:
+    """Run ``first`` on one of ``db``'s connections inside a transaction left open (its
+    locks held), then ``rival`` until it waits for a lock (or ends), then commit; whether
+    the rival waited for the commit, and what the rival returned."""
+    results: list[T] = []
+    done = trio.Event()
+
+    async def run_rival() -> None:
+        results.append(await rival())
+        done.set()
+
+    async with db.connection() as conn:
+        await conn.execute("BEGIN")
+        await first(Uncommitted(conn, db.dsn))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_rival)
+            blocked = await blocked_or_done(db, done)
+            await conn.execute("COMMIT")
     return blocked, results[0]

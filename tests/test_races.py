@@ -24,7 +24,7 @@ from registry_coordinator.steps import Await, Send, on_due, result_arrived, sett
 from registry_coordinator.timers import Timer
 
 from .harness import admit, database, events
-from .interleave import Failing, Paused, Uncommitted, blocked_or_done, rival_while_paused
+from .interleave import Failing, Paused, rival_while_paused, rival_while_uncommitted
 from .test_steps import reply
 
 LEASE = timedelta(seconds=30)
@@ -73,7 +73,7 @@ async def test_a_delivery_while_a_run_begins_to_wait_wakes_it(dsn: str) -> None:
     and the run slept until its poll, ten minutes by default.)"""
     async with database(dsn, size=4) as db:
         definition, run, waiting = await claimed_wait(db)
-        paused = Paused(db, after="wake_if_delivered")
+        paused = Paused(db, after="register_wait")
         blocked, recorded = await rival_while_paused(
             paused,
             partial(store.commit, paused, definition, run, waiting, LEASE, poll=POLL),
@@ -93,12 +93,10 @@ async def test_a_run_beginning_to_wait_while_a_delivery_commits_sees_it(dsn: str
     once — and the engine is told so (Committed.due_at), not the poll."""
     async with database(dsn, size=4) as db:
         definition, run, waiting = await claimed_wait(db)
-        paused = Paused(db, after="record_delivery")
-        blocked, committed = await rival_while_paused(
-            paused,
-            partial(store.record_delivery, paused, delivery()),
-            partial(store.commit, db, definition, run, waiting, LEASE, poll=POLL),
+        blocked, committed = await rival_while_uncommitted(
             db,
+            lambda held: store.record_delivery(held, delivery()),
+            partial(store.commit, db, definition, run, waiting, LEASE, poll=POLL),
         )
         assert blocked, "the wait did not wait for the delivery's transaction"
         assert committed.due_at is not None and committed.due_at <= run.now()
@@ -124,12 +122,10 @@ async def test_a_delivery_while_a_read_is_given_back_makes_the_run_due_at_once(d
     since the run was claimed, and leaves it due at once — not at its poll."""
     async with database(dsn, size=4) as db:
         _, reading = await waiting_and_claimed(db)
-        paused = Paused(db, after="record_delivery")
-        blocked, due = await rival_while_paused(
-            paused,
-            partial(store.record_delivery, paused, delivery()),
-            partial(store.release_wait, db, reading, POLL),
+        blocked, due = await rival_while_uncommitted(
             db,
+            lambda held: store.record_delivery(held, delivery()),
+            partial(store.release_wait, db, reading, POLL),
         )
         assert blocked, "the release did not wait for the delivery's transaction"
         assert due <= reading.now()
@@ -174,24 +170,17 @@ async def test_a_delivery_racing_the_runs_finish_never_wakes_it_again(dsn: str) 
         definition, reading = await waiting_and_claimed(db)
         final = result_arrived(definition, reading.step, DECIDED)
         assert final is not None
-        recorded: list[tuple[bool, int]] = []
-        done = trio.Event()
+        finished: list[store.Committed] = []
 
-        async def deliver() -> None:
-            recorded.append(await store.record_delivery(db, delivery()))
-            done.set()
+        async def finish(held: Database) -> None:
+            finished.append(await store.commit(held, definition, reading, final, LEASE, go_on=True))
 
-        async with db.connection() as conn:
-            await conn.execute("BEGIN")
-            held = Uncommitted(conn, dsn)
-            committed = await store.commit(held, definition, reading, final, LEASE, go_on=True)
-            assert committed.run.state == "finished"
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(deliver)
-                blocked = await blocked_or_done(db, done)
-                await conn.execute("COMMIT")
+        blocked, recorded = await rival_while_uncommitted(
+            db, finish, partial(store.record_delivery, db, delivery())
+        )
+        assert finished[0].run.state == "finished"
         assert blocked, "the delivery did not reach for the run's row"
-        assert recorded == [(True, 0)]
+        assert recorded == (True, 0)
         assert await store.claim(db, "holder:3", LEASE) is None
     history = events(dsn, str(reading.id))
     assert [e["kind"] for e in history][-2:] == ["step-completed", "finished"]

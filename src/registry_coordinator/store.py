@@ -394,8 +394,7 @@ async def commit(
                 if not await conn.row("transition", statement):
                     raise LeaseLost(str(run.id))
                 crash_point("mid-transition")
-                await conn.execute("register_wait", wait)
-                woken = await conn.row("wake_if_delivered", wait)
+                woken = await conn.row("register_wait", wait)
                 if woken is not None:
                     due_at = woken["due_at"]  # delivered already: read it at once
         elif not await conn.row("transition", statement):
@@ -669,7 +668,7 @@ class Delivery:
 
 async def record_delivery(db: Database, delivery: Delivery) -> tuple[bool, int]:
     """Keep a delivery once and wake the runs waiting for it; whether it was new, and how
-    many runs it woke. Holds the result key's lock (see :func:`commit`)."""
+    many runs it woke. One statement, which takes the result key's lock (see :func:`commit`)."""
     params = {
         "connection": delivery.connection,
         "event_id": delivery.event_id,
@@ -677,11 +676,9 @@ async def record_delivery(db: Database, delivery: Delivery) -> tuple[bool, int]:
         "key": delivery.key,
         "payload": Jsonb(delivery.payload),
     }
-    async with db.connection() as conn, conn.transaction():
-        await conn.execute("lock_result_key", params)
-        row = await conn.row("record_delivery", params)
+    row = await db.row("record_delivery", params)
     assert row is not None
-    return row["new"] > 0, row["woken"]
+    return row["recorded"], row["woke"]
 
 
 #: Defects in a row at one step before the run is held rather than tried again.

@@ -193,16 +193,25 @@ UPDATE runs SET due_at = %(due_at)s, lease_owner = NULL, lease_token = NULL
 WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: lock_result_key
--- Taken first by a delivery's transaction and by the transaction in which a run begins
--- to wait, on the result key they share, and held to their commit: the one that comes
--- second sees what the first committed (READ COMMITTED gives each later statement a
--- new snapshot), so a delivery and a wait never both miss each other.
-SELECT pg_advisory_xact_lock(
-    hashtextextended(%(connection)s || '/' || %(result)s || '/' || %(key)s, 0));
+-- Taken first by the transaction in which a run begins to wait, as a delivery takes it
+-- (the function lock_result_key, schema 6), so neither misses the other.
+SELECT lock_result_key(%(connection)s, %(result)s, %(key)s);
 
 -- name: register_wait
-INSERT INTO waits (run_id, step, connection, result, key, since, timeout_at)
-VALUES (%(id)s, %(step)s, %(connection)s, %(result)s, %(key)s, %(now)s, %(timeout_at)s);
+-- A run begins to wait (in the transaction that holds lock_result_key): its wait is
+-- registered, and if its result was delivered already (even before the wait existed),
+-- it is due at once to read it.
+WITH registered AS (
+    INSERT INTO waits (run_id, step, connection, result, key, since, timeout_at)
+    VALUES (%(id)s, %(step)s, %(connection)s, %(result)s, %(key)s, %(now)s, %(timeout_at)s)
+    RETURNING run_id
+)
+UPDATE runs SET due_at = now()
+WHERE id IN (SELECT run_id FROM registered) AND EXISTS (
+    SELECT 1 FROM deliveries
+    WHERE connection = %(connection)s AND result = %(result)s AND key = %(key)s
+)
+RETURNING due_at;
 
 -- name: take_over_claims
 -- At startup: the claims a previous process of this holder (the same host and port)
@@ -332,47 +341,10 @@ SELECT id, seq, at, 'reconciled', %(step)s, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: record_delivery
--- Keep a webhook delivery (once per event id) and wake the runs waiting for it: one no
--- worker holds falls due at once; for one a worker holds (reading its result), the
--- new seq tells release_wait a delivery came meanwhile. Only a run still waiting at
--- the step of its wait is touched — rechecked on the row as it stands when its lock
--- is had, so a run that finished meanwhile is never woken again. Runs in the
--- transaction that holds lock_result_key.
-WITH kept AS (
-    INSERT INTO deliveries (connection, event_id, result, key, payload)
-    VALUES (%(connection)s, %(event_id)s, %(result)s, %(key)s, %(payload)s)
-    ON CONFLICT (connection, event_id) DO NOTHING
-    RETURNING connection, result, key
-), waiting AS (
-    SELECT w.run_id, w.step FROM waits w JOIN kept k
-    ON w.connection = k.connection AND w.result = k.result AND w.key = k.key
-), woken AS (
-    UPDATE runs r
-    SET due_at = CASE WHEN r.lease_token IS NULL THEN now() ELSE r.due_at END,
-        seq = r.seq + 1, updated_at = greatest(now(), r.updated_at)
-    FROM waiting w
-    WHERE r.id = w.run_id AND r.state = 'waiting' AND r.step = w.step
-    RETURNING r.id, r.seq, r.step, r.updated_at AS at
-), noted AS (
-    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-    SELECT id, seq, at, 'result-delivered', step, 'webhook:' || %(connection)s,
-           jsonb_build_object('eventId', %(event_id)s::text, 'result', %(result)s::text,
-                              'key', %(key)s::text)
-    FROM woken
-)
-SELECT (SELECT count(*) FROM kept) AS new, (SELECT count(*) FROM woken) AS woken,
-       pg_notify('coordinator_wake', 'delivery');
-
--- name: wake_if_delivered
--- A run that has just begun to wait (in the transaction that holds lock_result_key):
--- if its result was delivered already (even before the wait existed), it is due at
--- once to read it.
-UPDATE runs SET due_at = now()
-WHERE id = %(id)s AND EXISTS (
-    SELECT 1 FROM deliveries
-    WHERE connection = %(connection)s AND result = %(result)s AND key = %(key)s
-)
-RETURNING due_at;
+-- Keep a webhook delivery once per event id and wake the runs waiting for it: the
+-- function record_delivery (schema 6) says how, and why it is a function.
+SELECT recorded, woke FROM record_delivery(
+    %(connection)s, %(event_id)s, %(result)s, %(key)s, %(payload)s);
 
 -- name: release_wait
 -- Give a waiting run back after reading a result that was not final: due again at
