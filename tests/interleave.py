@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 
@@ -120,18 +120,18 @@ class Failing(Database):
         self.error = error
         self.failing_before = 0
         self.failing_after = 0
-        self.refused = 0  # how many times it failed
+        self.refused = trio.Event()  # set the first time it fails
 
     def before(self, query: str) -> None:
         if query == self.query and self.failing_before > 0:
             self.failing_before -= 1
-            self.refused += 1
+            self.refused.set()
             raise self.error("the test's outage")
 
     def after(self, query: str) -> None:
         if query == self.query and self.failing_after > 0:
             self.failing_after -= 1
-            self.refused += 1
+            self.refused.set()
             raise self.error("the test's outage, after the statement committed")
 
     @asynccontextmanager
@@ -150,6 +150,19 @@ async def blocked_or_done(observer: Database, done: trio.Event) -> bool:
     return False
 
 
+class _Rival(Generic[T]):
+    """The rival statement, run in its own task; :attr:`done` once it has returned."""
+
+    def __init__(self, rival: Callable[[], Awaitable[T]]) -> None:
+        self.rival = rival
+        self.done = trio.Event()
+        self.result: list[T] = []
+
+    async def run(self) -> None:
+        self.result.append(await self.rival())
+        self.done.set()
+
+
 async def rival_while_paused(
     paused: Paused,
     first: Callable[[], Awaitable[object]],
@@ -158,20 +171,14 @@ async def rival_while_paused(
 ) -> tuple[bool, T]:
     """Run ``first`` until it pauses, then ``rival`` until it waits for a lock (or ends),
     then let ``first`` go; whether the rival waited for it, and what the rival returned."""
-    results: list[T] = []
-    done = trio.Event()
-
-    async def run_rival() -> None:
-        results.append(await rival())
-        done.set()
-
+    contender = _Rival(rival)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first)
         await paused.reached.wait()
-        nursery.start_soon(run_rival)
-        blocked = await blocked_or_done(observer, done)
+        nursery.start_soon(contender.run)
+        blocked = await blocked_or_done(observer, contender.done)
         paused.go()
-    return blocked, results[0]
+    return blocked, contender.result[0]
 
 
 async def rival_while_uncommitted(
@@ -182,18 +189,12 @@ async def rival_while_uncommitted(
     """Run ``first`` on one of ``db``'s connections inside a transaction left open (its
     locks held), then ``rival`` until it waits for a lock (or ends), then commit; whether
     the rival waited for the commit, and what the rival returned."""
-    results: list[T] = []
-    done = trio.Event()
-
-    async def run_rival() -> None:
-        results.append(await rival())
-        done.set()
-
+    contender = _Rival(rival)
     async with db.connection() as conn:
         await conn.execute("BEGIN")
         await first(Uncommitted(conn, db.dsn))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_rival)
-            blocked = await blocked_or_done(db, done)
+            nursery.start_soon(contender.run)
+            blocked = await blocked_or_done(db, contender.done)
             await conn.execute("COMMIT")
-    return blocked, results[0]
+    return blocked, contender.result[0]

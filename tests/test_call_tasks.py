@@ -176,8 +176,7 @@ async def test_an_answer_after_the_claim_was_lost_is_kept_and_reconcile_uses_it(
         outage.failing_before = 10**9
         async with call_pool(config, outage, lease) as calls:
             calls.submit(definition, run, send.request)
-            while outage.refused == 0:  # answered, and the answer cannot be recorded
-                await trio.sleep(0.01)
+            await outage.refused.wait()  # answered, and the answer cannot be recorded
             taken = None
             while taken is None:  # the lease runs out: another holder takes the run over
                 await trio.sleep(0.1)

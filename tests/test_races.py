@@ -193,8 +193,7 @@ async def test_events_are_never_dated_before_the_one_before(dsn: str) -> None:
     committed it: the transition's events are dated no earlier than the delivery's."""
     async with database(dsn) as db:
         definition, reading = await waiting_and_claimed(db)
-        decided = reading.now()
-        await trio.sleep(0.05)
+        decided = reading.now() - timedelta(seconds=1)  # decided, then the delivery came
         assert await store.record_delivery(db, delivery()) == (True, 1)
         final = result_arrived(definition, reading.step, DECIDED)
         assert final is not None

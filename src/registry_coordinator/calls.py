@@ -439,7 +439,7 @@ class Calls:
                 transition = Held(HoldCode.ENGINE_DEFECT, detail(why))
                 continue
             except store.LeaseLost:
-                if reply.kind is ReplyKind.RESPONSE and reply.status is not None:
+                if run.dispatched and reply.kind is ReplyKind.RESPONSE and reply.status:
                     await store.keep_late_answer(self.db, run, reply.status, reply.body)
                 raise
             if self._stopping:
