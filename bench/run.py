@@ -36,10 +36,10 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 from tests.harness import (  # noqa: E402
     PG_BIN,
-    WEBHOOK_SECRET,
     Cluster,
     Service,
     connection,
+    delivery_request,
     free_port,
     migrate,
     put_to_sleep,
@@ -49,7 +49,6 @@ from tests.harness import (  # noqa: E402
 )
 
 from registry_coordinator.database import sync_connection  # noqa: E402
-from registry_coordinator.webhooks import SIGNATURE_HEADER, sign  # noqa: E402
 
 PGBENCH = PG_BIN / "pgbench"
 
@@ -106,7 +105,7 @@ def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float, 
         conn.execute(
             f"""
             WITH made AS (
-                INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
                                   input, state, step, seq, due_at, admitted_at, deadline_at,
                                   updated_at)
                 SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || n, 'x',
@@ -277,7 +276,7 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
             conn.execute(
                 """
                 WITH made AS (
-                    INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                    INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
                                       input, state, step, seq, due_at, admitted_at,
                                       deadline_at, updated_at)
                     SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || b.n, 'x',
@@ -300,14 +299,8 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
                 pause = target - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
-                raw = json.dumps(
-                    {"result": "review-decision", "key": key, "eventId": f"bench-{n}"}
-                ).encode()
-                client.post(
-                    "/v1/results/reviews",
-                    content=raw,
-                    headers={SIGNATURE_HEADER: sign(WEBHOOK_SECRET, int(time.time()), raw)},
-                )
+                body = {"result": "review-decision", "key": key, "eventId": f"bench-{n}"}
+                client.post(**delivery_request(body))
         wait_ended(dsn, waiting, 300)
         with sync_connection(dsn) as conn:
             rows = conn.execute(

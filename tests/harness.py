@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -33,6 +33,7 @@ from registry_coordinator.database import Database, sync_connection
 from registry_coordinator.definition import Definition
 from registry_coordinator.embedded import EmbeddedPostgres
 from registry_coordinator.migrations import migrate as migrate_schema
+from registry_coordinator.webhooks import SIGNATURE_HEADER, sign
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / "workflows"
@@ -99,6 +100,23 @@ class Cluster:
             timeout=60,
         )
 
+    @contextmanager
+    def refusing(self, dsn: str) -> Iterator[None]:
+        """An outage of the database ``dsn`` names, for as long as the block runs: its
+        sessions are cut and new ones refused (the cluster stays up for other tests)."""
+        name = dsn.split("?", maxsplit=1)[0].rsplit("/", maxsplit=1)[-1]
+        with sync_connection(self.admin) as conn:
+            conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+        try:
+            yield
+        finally:
+            with sync_connection(self.admin) as conn:
+                conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+
     def stop(self) -> None:
         self.server.stop()
         # After a restart the wheel's handle knows only the old server process, so stop
@@ -122,11 +140,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def package(workflow: str, output: Path) -> tuple[Path, str]:
-    """Package tests/workflows/<workflow>.yaml (or a shipped workflow directory)."""
-    source = TEST_WORKFLOWS / f"{workflow}.yaml"
-    if not source.exists():
-        source = ROOT / "workflows" / workflow
+def package(workflow: str | Path, output: Path) -> tuple[Path, str]:
+    """Package tests/workflows/<workflow>.yaml (or a shipped workflow directory, or the
+    workflow file at a path)."""
+    if isinstance(workflow, Path):
+        source = workflow
+    else:
+        source = TEST_WORKFLOWS / f"{workflow}.yaml"
+        if not source.exists():
+            source = ROOT / "workflows" / workflow
     result = subprocess.run(
         [
             sys.executable,
@@ -150,6 +172,28 @@ STANDIN_TOKEN = "test-token-1"
 WEBHOOK_SECRET = "test-webhook-secret"
 
 
+def delivery_request(
+    body: Any,
+    connection: str = "reviews",
+    *,
+    secret: str = WEBHOOK_SECRET,
+    at: float | None = None,
+    raw: bytes | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of an httpx ``post`` to ``/v1/results/{connection}`` that
+    delivers ``body`` (or the bytes ``raw``) signed as a product signs it."""
+    content = raw if raw is not None else json.dumps(body).encode()
+    timestamp = int(at if at is not None else time.time())
+    return {
+        "url": f"/v1/results/{connection}",
+        "content": content,
+        "headers": {
+            SIGNATURE_HEADER: sign(secret, timestamp, connection, content),
+            "Content-Type": "application/json",
+        },
+    }
+
+
 def connection(product: str, port: int, **settings: Any) -> dict[str, Any]:
     """A connection to a stand-in on ``port``, authenticated with the tests' bearer token."""
     return {
@@ -163,7 +207,7 @@ def connection(product: str, port: int, **settings: Any) -> dict[str, Any]:
 def write_config(
     directory: Path,
     dsn: str,
-    workflows: list[str],
+    workflows: Sequence[str | Path],
     *,
     port: int | None = None,
     workers: int = 2,
@@ -488,7 +532,7 @@ def put_to_sleep(
         conn.execute(
             """
             WITH made AS (
-                INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
                                   input, state, step, seq, timer_at, wakes_to, due_at,
                                   admitted_at, deadline_at, updated_at)
                 SELECT gen_random_uuid(), d.digest, d.workflow_id, 'sleeper', 'k' || n, 'x',

@@ -198,6 +198,32 @@ def test_a_run_is_read_and_cancelled_only_under_a_policy_for_its_workflow(
     assert call(service, "GET", f"/v1/runs/{run}", deadlines).json()["state"] != "cancelled"
 
 
+def test_a_listing_shows_only_runs_of_workflows_the_tokens_policies_cover(
+    service: Service,
+) -> None:
+    """The listing applies the rule a run's own route does: a caller's run of a workflow
+    its token's policies do not cover is not listed, under any filter or page size."""
+    deadlines = token("case-portal", scopes="coordinator.deadlines")
+    hidden = start(service, deadlines, workflow="deadline").json()["id"]
+    runs_only = token("case-portal")  # timed-choice only
+    shown = start(service, runs_only).json()["id"]
+    filters: list[dict[str, Any]] = [{}, {"workflow": "deadline"}, {"state": "running"}]
+    for params in [*filters, {"limit": 1}]:
+        page = call(service, "GET", "/v1/runs", runs_only, params=params).json()
+        assert hidden not in [r["id"] for r in page["runs"]], params
+        while page["next"]:
+            cursor = {**params, "cursor": page["next"]}
+            page = call(service, "GET", "/v1/runs", runs_only, params=cursor).json()
+            assert hidden not in [r["id"] for r in page["runs"]], params
+    listed = call(service, "GET", "/v1/runs", runs_only).json()["runs"]
+    assert [r["id"] for r in listed] == [shown]
+    both = token("case-portal", scopes="coordinator.runs coordinator.deadlines")
+    listed = call(service, "GET", "/v1/runs", both).json()["runs"]
+    assert {r["id"] for r in listed} == {hidden, shown}
+    deadline_only = call(service, "GET", "/v1/runs", deadlines).json()["runs"]
+    assert [r["id"] for r in deadline_only] == [hidden]
+
+
 def test_callers_see_their_own_runs_and_operators_see_all(service: Service) -> None:
     mine = start(service, token("case-portal")).json()["id"]
     theirs = start(service, token("other-portal")).json()["id"]

@@ -19,13 +19,12 @@ import httpx
 import pytest
 
 from registry_coordinator.database import sync_connection
-from registry_coordinator.webhooks import SIGNATURE_HEADER, sign
 
 from .harness import (
-    WEBHOOK_SECRET,
     Cluster,
     Service,
     StandIns,
+    delivery_request,
     deployment,
     free_port,
     migrate,
@@ -278,12 +277,8 @@ def test_webhook_storm_resumes_each_run_once(dsn: str, tmp_path: Path) -> None:
         random.Random(7).shuffle(deliveries)
 
         def deliver(key: str, event: str) -> None:
-            raw = json.dumps({"result": "review-decision", "key": key, "eventId": event}).encode()
-            response = service.http.post(
-                "/v1/results/reviews",
-                content=raw,
-                headers={SIGNATURE_HEADER: sign(WEBHOOK_SECRET, int(time.time()), raw)},
-            )
+            body = {"result": "review-decision", "key": key, "eventId": event}
+            response = service.http.post(**delivery_request(body))
             assert response.status_code == 202
 
         for key, event in deliveries:  # early ones: before their runs exist
@@ -424,10 +419,6 @@ def test_a_hostile_product(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def pending(service: Service, key: str) -> None:
-    raw = json.dumps({"result": "review-decision", "key": key, "eventId": f"{key}-p"}).encode()
-    response = service.http.post(
-        "/v1/results/reviews",
-        content=raw,
-        headers={SIGNATURE_HEADER: sign(WEBHOOK_SECRET, int(time.time()), raw)},
-    )
+    body = {"result": "review-decision", "key": key, "eventId": f"{key}-p"}
+    response = service.http.post(**delivery_request(body))
     assert response.status_code == 202 and response.json()["woke"] == 1

@@ -229,7 +229,7 @@ def put_to_wait(dsn: str, count: int) -> None:
         conn.execute(
             """
             WITH made AS (
-                INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
                                   input, state, step, seq, due_at, admitted_at, deadline_at,
                                   updated_at)
                 SELECT gen_random_uuid(), d.digest, d.workflow_id, 'test', 'k' || n, 'x',
@@ -304,7 +304,7 @@ def admit_by_sql(dsn: str, digest: str, workflow_id: str, step: str, deadline: s
         row = conn.execute(
             """
             WITH made AS (
-                INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest,
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
                                   input, state, step, seq, due_at, admitted_at, deadline_at,
                                   updated_at)
                 VALUES (gen_random_uuid(), %s, %s, 'test', gen_random_uuid()::text, 'x',

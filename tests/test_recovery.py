@@ -233,7 +233,7 @@ def test_claims_are_taken_over_only_when_no_session_of_their_holder_is_left(
             """
             INSERT INTO definitions (digest, workflow_id, version, artifact)
             VALUES ('sha256:' || repeat('0', 64), 'x', '1', '');
-            INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest, input,
+            INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
                               state, step, seq, due_at, lease_owner, lease_token, admitted_at,
                               deadline_at, updated_at)
             VALUES (gen_random_uuid(), 'sha256:' || repeat('0', 64), 'x', 'c', 'k', 'x', '{}',

@@ -178,7 +178,8 @@ def test_every_cli_command_against_a_live_service(dsn: str, tmp_path: Path) -> N
 
         hold = cli("admission", "hold", "--reason", "maintenance", url=url, token=operator)
         assert hold.returncode == 0 and "admission held: maintenance" in hold.stdout
-        refused = cli("runs", "start", "timed-choice", "--input", "{}", url=url, token=portal)
+        answer = '{"answer": "no"}'
+        refused = cli("runs", "start", "timed-choice", "--input", answer, url=url, token=portal)
         assert refused.returncode == 1 and "admission.held" in refused.stderr
         release = cli("admission", "release", "--reason", "done", url=url, token=operator)
         assert release.returncode == 0

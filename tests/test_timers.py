@@ -83,7 +83,7 @@ async def test_the_timer_wakes_a_wait_until_exactly_as_a_worker_would(dsn: str) 
 
     worker, timer = run_row(dsn, by_worker), run_row(dsn, by_timer)
     instants = ("due_at", "updated_at", "admitted_at", "deadline_at")
-    ids = ("id", "start_key", "input_digest", *instants)
+    ids = ("id", "start_key", "start_digest", *instants)
     assert {k: v for k, v in worker["run"].items() if k not in (*ids, "completed")} == {
         k: v for k, v in timer["run"].items() if k not in (*ids, "completed")
     }

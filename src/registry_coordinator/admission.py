@@ -1,4 +1,10 @@
-"""Admission: turning a start request into a run, or a precise reason it is refused."""
+"""Admission: turning a start request into a run, or a precise reason it is refused.
+
+A caller's Idempotency-Key stands for one start request (workflow, version as asked,
+input): the same request again returns the original run, anything else under that key
+is refused. Whether admission is held is decided by the statement that admits the run
+(:func:`store.admit`), so a hold and a start cannot pass each other.
+"""
 
 from __future__ import annotations
 
@@ -82,13 +88,18 @@ async def start(
         )
     try:
         admitted = await store.admit(
-            db, pinned.definition, pinned.digest, caller.client, start_key, body["input"]
+            db, pinned.definition, pinned.digest, caller.client, start_key, body["input"], version
         )
+    except store.AdmissionHeld as held:
+        raise Problem(
+            503, "admission.held", f"new runs are not admitted: {held.reason} ({held.actor})"
+        ) from None
     except store.KeyReused as reused:
         raise Problem(
             409,
             "run.key-reused",
-            "this Idempotency-Key already started a run with a different input",
+            "this Idempotency-Key already started a run of another workflow, version or "
+            "input: send a new key for a new start",
             run=str(reused.run_id),
         ) from None
     if admitted.created:

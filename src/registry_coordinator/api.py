@@ -2,7 +2,9 @@
 
 Every error a caller can cause is answered with ``application/problem+json``
 carrying a stable ``code`` and a ``detail`` that says what to change; nothing a
-caller sends produces a 5xx or a stack trace. The routes are those of
+caller sends produces a 5xx or a stack trace. What the caller cannot change — the
+database down, this process shutting down — is 503 with ``Retry-After`` and one log
+line. JSON routes take only JSON media types (415 otherwise). The routes are those of
 ``openapi.yaml``, which ``/openapi.json`` serves and the API fuzzer checks.
 """
 
@@ -10,9 +12,10 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -38,9 +41,14 @@ from .timers import Timer
 from .webhooks import SIGNATURE_HEADER, verify
 from .workflows import Workflows
 
+log = logging.getLogger(__name__)
+
 JSON = Any
 PROBLEM_TYPE = "https://registrystack.org/problems/coordinator/"
 STATES = ("running", "waiting", "held", *TERMINAL)
+#: Seconds a client is asked to wait before trying again a request refused with 503: about
+#: what the service needs to reconnect to a database that is back, or to restart.
+RETRY_AFTER = 5
 _TITLES = {
     400: "Bad request",
     401: "Unauthorized",
@@ -49,7 +57,9 @@ _TITLES = {
     405: "Method not allowed",
     409: "Conflict",
     413: "Request body too large",
+    415: "Unsupported media type",
     422: "Unprocessable input",
+    500: "Internal error",
     502: "Product unavailable",
     503: "Service unavailable",
 }
@@ -66,6 +76,7 @@ class Context:
     listener: Listener
     auth: Authenticator
     metrics: Metrics
+    stopping: trio.Event = field(default_factory=trio.Event)  # set when shutdown begins
 
 
 def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
@@ -80,6 +91,8 @@ def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
     response = Response(json.dumps(body), status=status, content_type="application/problem+json")
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="registry-coordinator"'
+    if status == 503:
+        response.headers["Retry-After"] = str(RETRY_AFTER)
     return response
 
 
@@ -147,6 +160,27 @@ _UNUSABLE_BODY = {
 }
 
 
+def _require_json(raw: bytes) -> None:
+    """JSON routes take ``application/json`` or a ``+json`` type (RFC 6839), in UTF-8 if a
+    charset is named; a request with neither body nor type has nothing to judge."""
+    if not raw and not request.content_type:
+        return
+    media = request.mimetype
+    charset = request.mimetype_params.get("charset", "utf-8").lower()
+    kind, _, subtype = media.partition("/")
+    if (
+        kind != "application"
+        or not (subtype == "json" or subtype.endswith("+json"))
+        or charset not in ("utf-8", "utf8")
+    ):
+        raise Problem(
+            415,
+            "request.unsupported-media-type",
+            f"the body is sent as {request.content_type or 'no Content-Type'}: send JSON "
+            "with Content-Type: application/json (curl: --json)",
+        )
+
+
 def _cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
     """A page cursor: the (admitted_at, id) of the last run on the previous page."""
     if text is None:
@@ -191,10 +225,13 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             404: "route.not-found",
             405: "route.method-not-allowed",
             413: "request.too-large",
+            500: "service.internal-error",
         }.get(status, "request.invalid")
-        detail = {413: f"the body is larger than {body_limit} bytes"}.get(
-            status, error.description or "the request was refused"
-        )
+        detail = {
+            413: f"the body is larger than {body_limit} bytes",
+            500: "the service failed to answer (a defect, logged with its cause); "
+            "what the request changed, if anything, is in the run's history",
+        }.get(status, error.description or "the request was refused")
         response = problem(status, code, detail)
         if status == 413:
             # The rest of the body is left unread: the connection cannot carry another
@@ -202,12 +239,31 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             response.headers["Connection"] = "close"
         return response
 
+    @app.errorhandler(Unavailable)
+    async def database_unavailable(error: Unavailable) -> Response:
+        """An outage is not the caller's mistake nor a defect: one line in the log, and
+        503 with Retry-After. A statement that committed before its answer was lost is
+        found again by the same request (a start, by its Idempotency-Key)."""
+        log.warning(
+            "answered %s %s with 503: the database is unavailable: %s",
+            request.method,
+            request.path,
+            error,
+        )
+        return problem(
+            503,
+            "service.unavailable",
+            f"the database cannot be reached: send the same request again in {RETRY_AFTER} s "
+            "(a start with the same Idempotency-Key)",
+        )
+
     async def caller() -> Caller:
         return await context.auth.authenticate(request.headers.get("Authorization"))
 
     async def body_json() -> JSON:
         raw = await request.get_data(as_text=False)
         assert isinstance(raw, bytes)
+        _require_json(raw)
         try:
             return strict_json(raw) if raw else {}
         except UnusableJson as exc:
@@ -227,12 +283,12 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
     async def start_run() -> Response:
         who = await caller()
         body = await body_json()
-        held = await operations.admission_held(context.db)
-        if held is not None:
+        if context.stopping.is_set():
             raise Problem(
                 503,
-                "admission.held",
-                f"new runs are not admitted: {held['reason']} ({held['actor']})",
+                "service.stopping",
+                f"this process is shutting down: send the same start again in {RETRY_AFTER} s, "
+                "to it once restarted or to another process",
             )
         started = await admission.start(
             context.db,
@@ -268,17 +324,17 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             limit = 0
         if not 1 <= limit <= 100:
             raise Problem(400, "request.invalid-filter", "limit must be a number from 1 to 100")
-        after_at, after_id = _cursor(request.args.get("cursor"))
-        params = {
-            "caller": who.client,
-            "state": state,
-            "workflow": workflow,
-            "after_at": after_at,
-            "after_id": after_id,
-            "limit": limit + 1,
-        }
-        query = "list_all_runs" if who.operator else "list_runs_of_caller"
-        rows = await context.db.rows(query, params)
+        rows = await store.runs_page(
+            context.db,
+            store.RunFilter(
+                caller=None if who.operator else who.client,
+                readable=who.workflows_for("read"),
+                state=state,
+                workflow=workflow,
+            ),
+            _cursor(request.args.get("cursor")),
+            limit + 1,
+        )
         page = rows[:limit]
         more = len(rows) > limit
         return _json(
@@ -388,6 +444,7 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
             verify(
                 product.config.webhook_secret,
                 request.headers.get(SIGNATURE_HEADER),
+                connection,
                 raw,
                 time.time(),
             )
@@ -466,6 +523,7 @@ async def readiness(context: Context) -> dict[str, JSON]:
         "ok": context.listener.connected,
         "reconnects": context.listener.reconnects,
     }
+    parts["keys"] = context.auth.readiness()
     parts["workflows"] = {
         "ok": bool(context.workflows.pinned),
         "pinned": len(context.workflows.pinned),

@@ -2,9 +2,16 @@
 
 Callers present OAuth 2 bearer JWTs (RS256, ES256 or EdDSA) from the configured
 issuer. Their signatures are checked against the issuer's JWKS (a file, or an
-https URL fetched with httpx), re-read when a token names a key id not seen yet —
-at most once every 30 seconds, so forged key ids cannot make Coordinator hammer
-the issuer. Issuer, audience, expiry and a maximum lifetime are enforced.
+https URL fetched with httpx). Issuer, audience, expiry and a maximum lifetime
+are enforced.
+
+The JWKS is re-read on a schedule (``auth.jwksRefresh``, sooner when the URL's
+Cache-Control max-age says so; a file is parsed again when its content changed),
+so a key the issuer removes is refused without a restart. A token naming a key id
+not seen yet also causes a read, at most once every 30 seconds, so forged key ids
+cannot make Coordinator hammer the issuer. When reads fail, the last good set is
+used for ``auth.jwksMaxStale``; after that tokens are refused with 503 until a
+read succeeds, and ``/ready`` says so.
 
 A caller is its client id; what it may do comes from the configured policies
 whose client matches and whose scopes the token carries: start and see runs of
@@ -17,10 +24,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +39,15 @@ import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from .config import ACTIONS, AuthConfig, Policy
+from .config import ACTIONS, MINIMUM_JWKS_REFRESH, AuthConfig, Policy
+from .expressions import format_instant
 from .problems import Problem
 
 ALGORITHMS = ("RS256", "ES256", "EdDSA")
 REFRESH_AT_MOST_EVERY = 30.0
 LOCAL_DEVELOPER = "local-developer"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,17 @@ class Caller:
             for p in self.policies
         )
 
+    def workflows_for(self, action: str) -> frozenset[str] | None:
+        """The workflows whose runs this caller may take ``action`` on (None: all), the
+        rule of :meth:`may` for a listing, which cannot ask run by run."""
+        assert action in ACTIONS, action
+        if self.operator:
+            return None
+        granted = [p.workflows for p in self.policies if action in p.actions]
+        if any("*" in workflows for workflows in granted):
+            return None
+        return frozenset().union(*granted)
+
     def require(self, action: str, workflow: str | None = None) -> None:
         if not self.may(action, workflow):
             what = f"{action} {workflow}" if workflow else action
@@ -70,45 +93,179 @@ class Caller:
 
 
 class KeySet:
-    """The issuer's signing keys, re-read when a token names an unknown key id."""
+    """The issuer's signing keys, kept current so that a key the issuer withdraws stops
+    working without a restart.
+
+    :meth:`run` re-reads the set on a schedule. A token naming a key id the set lacks
+    causes a read too, at most once every 30 s, so that a new key works at once but
+    forged key ids cannot make Coordinator hammer the issuer. While reads fail the last
+    good set is used until it is ``jwksMaxStale`` old; after that every token is refused
+    (503) rather than checked against keys the issuer may have withdrawn meanwhile.
+    """
 
     def __init__(self, config: AuthConfig, client: httpx.AsyncClient) -> None:
         self.config = config
         self.client = client
+        self.source = str(config.jwks_file or config.jwks_url)
         self._keys: dict[str, jwt.PyJWK] = {}
+        self._document: bytes | None = None  # the good set as read: parsed again if changed
+        self._good_at: float | None = None  # monotonic: when a read last gave a good set
+        self._good_wall: datetime | None = None  # the same instant, to show
+        self._failure: str | None = None  # why the latest read failed; None if it did not
         self._read_at = -REFRESH_AT_MOST_EVERY
         self._lock = trio.Lock()
 
-    async def key(self, key_id: str) -> jwt.PyJWK | None:
-        async with self._lock:
-            if (
-                key_id not in self._keys
-                and time.monotonic() - self._read_at >= REFRESH_AT_MOST_EVERY
-            ):
-                await self._read()
-            return self._keys.get(key_id)
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read the set, report started, then re-read it every ``jwksRefresh`` (sooner when
+        a URL's Cache-Control max-age says so) until cancelled."""
+        interval = await self._refresh()
+        task_status.started()
+        while True:
+            await trio.sleep(interval)
+            interval = await self._refresh()
 
-    async def _read(self) -> None:
+    async def key(self, key_id: str) -> jwt.PyJWK | None:
+        """The key named ``key_id``, or None when the set lacks it; raises a 503 Problem
+        when no set was read recently enough to be trusted."""
+        if key_id not in self._keys or not self._trusted():
+            async with self._lock:
+                if time.monotonic() - self._read_at >= REFRESH_AT_MOST_EVERY:
+                    await self._read()
+        if not self._trusted():
+            raise Problem(
+                503,
+                "auth.keys-unavailable",
+                "the issuer's key set could not be read for longer than allowed; try again later",
+            )
+        return self._keys.get(key_id)
+
+    def readiness(self) -> dict[str, Any]:
+        """The key set's part of /ready: ok while a set with keys was read recently enough
+        to be trusted (never before the first good read)."""
+        trusted = self._trusted()
+        if not trusted:
+            detail = self._unavailable()
+        elif self._failure is not None:
+            assert self._good_wall is not None
+            until = format_instant(self._good_wall + self.config.jwks_max_stale)
+            detail = (
+                f"cannot read {self.source}: {self._failure}; "
+                f"the last good set is used until {until}"
+            )
+        else:
+            detail = f"{len(self._keys)} keys from {self.source}"
+        return {
+            "ok": trusted and bool(self._keys),
+            "keys": len(self._keys),
+            "refreshedAt": format_instant(self._good_wall) if self._good_wall else None,
+            "detail": detail,
+        }
+
+    def _trusted(self) -> bool:
+        return (
+            self._good_at is not None
+            and time.monotonic() - self._good_at <= self.config.jwks_max_stale.total_seconds()
+        )
+
+    def _unavailable(self) -> str:
+        failure = f": {self._failure}" if self._failure else ""
+        if self._good_wall is None:
+            return f"no key set has been read from {self.source} yet{failure}"
+        since = format_instant(self._good_wall)
+        return f"the key set from {self.source} was last read at {since}, too long ago{failure}"
+
+    async def _refresh(self) -> float:
+        async with self._lock:
+            return await self._read()
+
+    async def _read(self) -> float:
+        """Read the set once, keeping the last good one if that fails; the seconds until the
+        next scheduled read."""
         self._read_at = time.monotonic()
+        interval = self.config.jwks_refresh.total_seconds()
         try:
-            if self.config.jwks_file is not None:
-                text = await trio.Path(self.config.jwks_file).read_text()
-                data: Any = json.loads(text)
-            else:
-                assert self.config.jwks_url is not None
-                response = await self.client.get(self.config.jwks_url)
-                response.raise_for_status()
-                data = response.json()
-            keys = jwt.PyJWKSet.from_dict(data).keys
-        except (OSError, ValueError, httpx.HTTPError, jwt.PyJWKSetError):
-            return  # keep the keys we had; the token is refused as unknown-key
-        self._keys = {k.key_id: k for k in keys if k.key_id}
+            document, fresh_for = await self._fetch()
+            if document != self._document:
+                self._keys = _parse(document)
+                self._document = document
+                kids = ", ".join(sorted(self._keys)) or "none"
+                log.info("read %d keys from %s: %s", len(self._keys), self.source, kids)
+        except (OSError, ValueError, httpx.HTTPError) as exc:
+            self._failure = _why(exc)
+            log.warning("cannot read the issuer's key set from %s: %s", self.source, self._failure)
+            return interval
+        self._good_at, self._good_wall = self._read_at, datetime.now(UTC).replace(microsecond=0)
+        self._failure = None
+        if fresh_for is None:
+            return interval
+        return max(MINIMUM_JWKS_REFRESH.total_seconds(), min(interval, fresh_for))
+
+    async def _fetch(self) -> tuple[bytes, float | None]:
+        """The set as published, and for a URL how much longer its answer may be used."""
+        if self.config.jwks_file is not None:
+            return await trio.Path(self.config.jwks_file).read_bytes(), None
+        assert self.config.jwks_url is not None
+        response = await self.client.get(self.config.jwks_url)
+        response.raise_for_status()
+        return response.content, _fresh_for(response.headers)
+
+
+def _parse(document: bytes) -> dict[str, jwt.PyJWK]:
+    """The usable keys with a key id in a JWKS; ValueError when it is not a JWKS. A set
+    without usable keys is taken as the issuer's word: every token is then refused."""
+    data = json.loads(document)
+    entries = data.get("keys") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError('not a JWKS: expected {"keys": [...]}')
+    keys = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        try:
+            key = jwt.PyJWK(entry)
+        except jwt.PyJWTError:
+            continue  # a kind of key this build does not verify with
+        if key.key_id:
+            keys[key.key_id] = key
+    return keys
+
+
+def _fresh_for(headers: httpx.Headers) -> float | None:
+    """How many more seconds an answer may be used: its Cache-Control max-age less its
+    Age (RFC 9111); None without a max-age."""
+    for directive in headers.get("Cache-Control", "").split(","):
+        name, _, value = directive.strip().partition("=")
+        value = value.strip('"')
+        if name.lower() == "max-age" and value.isdigit():
+            age = headers.get("Age", "")
+            return int(value) - (int(age) if age.isdigit() else 0)
+    return None
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"the issuer answered {exc.response.status_code}"
+    return str(exc) or type(exc).__name__
 
 
 class Authenticator:
     def __init__(self, config: AuthConfig, client: httpx.AsyncClient) -> None:
         self.config = config
         self.keys = KeySet(config, client)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the issuer's key set current (:meth:`KeySet.run`); auth mode none has none,
+        and returns once started."""
+        if self.config.mode == "none":
+            task_status.started()
+            return
+        await self.keys.run(task_status=task_status)
+
+    def readiness(self) -> dict[str, Any]:
+        """The key set's part of /ready (:meth:`KeySet.readiness`); always ok in mode none."""
+        if self.config.mode == "none":
+            return {"ok": True, "keys": 0, "refreshedAt": None, "detail": "auth mode none"}
+        return self.keys.readiness()
 
     async def authenticate(self, header: str | None) -> Caller:
         config = self.config

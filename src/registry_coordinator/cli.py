@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     token.add_argument("--client", required=True, help="the client id the token names")
     token.add_argument("--scope", action="append", default=[], help="a scope (repeat for more)")
-    token.add_argument("--lifetime", default="PT15M", help="ISO 8601 duration (default PT15M)")
+    token.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the service configuration whose auth.maxLifetime caps --lifetime",
+    )
+    token.add_argument(
+        "--lifetime",
+        default="PT15M",
+        help="ISO 8601 duration (default PT15M), at most the auth.maxLifetime of --config, "
+        "or PT1H, that field's default, without one",
+    )
     token.add_argument("--issuer", default=None, help="the iss claim")
     token.add_argument("--audience", default=None, help="the aud claim")
 
@@ -385,6 +397,22 @@ def _token(args: argparse.Namespace) -> int:
     except DurationError as exc:
         print(f"coordinator token: --lifetime: {exc}", file=sys.stderr)
         return USAGE
+    # A token lives whole seconds (exp and iat are integers): under one, it is born expired.
+    if lifetime < timedelta(seconds=1):
+        print(
+            f"coordinator token: --lifetime {args.lifetime} is shorter than PT1S, "
+            "the least a token can live",
+            file=sys.stderr,
+        )
+        return USAGE
+    cap, source = _lifetime_cap(args.config)
+    if lifetime > cap:
+        print(
+            f"coordinator token: --lifetime {args.lifetime} is longer than the cap "
+            f"{format_duration(cap)} ({source})",
+            file=sys.stderr,
+        )
+        return USAGE
     existed = args.key.exists()
     try:
         development_key(args.key)
@@ -407,6 +435,24 @@ def _token(args: argparse.Namespace) -> int:
         )
     )
     return OK
+
+
+def _lifetime_cap(config_file: Path | None) -> tuple[timedelta, str]:
+    """The longest token lifetime the service accepts, and where that cap comes from.
+
+    The file is read with the service's own loader (its secrets resolved too), so one
+    that ``serve`` would refuse is reported here rather than trusted for its cap.
+    """
+    from .config import DEFAULT_MAX_LIFETIME, load_config
+
+    if config_file is None:
+        return DEFAULT_MAX_LIFETIME, "the default auth.maxLifetime; no --config given"
+    auth = load_config(config_file).auth
+    if auth.mode != "jwt":
+        return DEFAULT_MAX_LIFETIME, (
+            f"the default auth.maxLifetime; {config_file} has auth mode {auth.mode}"
+        )
+    return auth.max_lifetime, f"auth.maxLifetime in {config_file}"
 
 
 def _stand_ins(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .authoring import NAME
 from .database import has_password
@@ -108,6 +109,8 @@ class AuthConfig:
     audience: str | None
     max_lifetime: timedelta
     policies: tuple[Policy, ...]
+    jwks_refresh: timedelta  # how often the key set is re-read (a URL's max-age may shorten it)
+    jwks_max_stale: timedelta  # how long the last good set is used while reads fail
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,9 @@ def load_config(path: Path) -> Config:
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+DEFAULT_MAX_LIFETIME = timedelta(hours=1)  # auth.maxLifetime; also coordinator token's cap
+#: The shortest interval between scheduled reads of the issuer's key set.
+MINIMUM_JWKS_REFRESH = timedelta(seconds=1)
 
 
 def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | None:
@@ -187,8 +193,11 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
                 "configure auth: {mode: jwt, ...}, or listen on 127.0.0.1 for local development",
                 (*path, "mode"),
             )
-        return AuthConfig("none", None, None, None, None, timedelta(hours=1), ())
-    optional = ["jwksFile", "jwksUrl", "maxLifetime"]
+        no_keys = timedelta(0)  # mode none reads no key set
+        return AuthConfig(
+            "none", None, None, None, None, DEFAULT_MAX_LIFETIME, (), no_keys, no_keys
+        )
+    optional = ["jwksFile", "jwksUrl", "maxLifetime", "jwksRefresh", "jwksMaxStale"]
     reader.fields(data, path, "auth", ["mode", "issuer", "audience", "policies"], optional)
     if mode != "jwt":
         reader.report(
@@ -208,9 +217,24 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
         return None
     jwks_file = reader.string(data, "jwksFile", path, "auth")
     jwks_url = reader.string(data, "jwksUrl", path, "auth")
+    if jwks_url is not None and not _safe_jwks_url(jwks_url):
+        reader.report(
+            "config.invalid-value",
+            f"auth jwksUrl {jwks_url!r} is not an https URL, and the keys that decide who "
+            "may act must not be open to tampering on the way",
+            "serve the JWKS over https; plain http is allowed only to 127.0.0.1, ::1 or "
+            "localhost, for development",
+            (*path, "jwksUrl"),
+        )
     lifetime = _duration(
-        reader, data, "maxLifetime", path, timedelta(hours=1), timedelta(seconds=10)
+        reader, data, "maxLifetime", path, DEFAULT_MAX_LIFETIME, timedelta(seconds=10)
     )
+    refresh = _duration(
+        reader, data, "jwksRefresh", path, timedelta(minutes=5), MINIMUM_JWKS_REFRESH
+    )
+    # Twice the refresh at least, so that a failed read is retried before tokens are refused.
+    least = 2 * refresh
+    max_stale = _duration(reader, data, "jwksMaxStale", path, max(timedelta(hours=1), least), least)
     policies = []
     items = data.get("policies")
     if not isinstance(items, list):
@@ -271,7 +295,19 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
         reader.string(data, "audience", path, "auth"),
         lifetime,
         tuple(policies),
+        refresh,
+        max_stale,
     )
+
+
+def _safe_jwks_url(url: str) -> bool:
+    """An https URL, or plain http to this machine's loopback (for development)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # an unclosed [IPv6 address
+        return False
+    return bool(host) and (parts.scheme == "https" or (parts.scheme == "http" and host in LOOPBACK))
 
 
 def _integer(

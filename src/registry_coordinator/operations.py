@@ -242,8 +242,3 @@ async def reconcile(
 
 async def set_admission(db: Database, held: bool, actor: str, reason: str) -> None:
     await db.execute("set_admission", {"held": held, "reason": reason, "actor": actor})
-
-
-async def admission_held(db: Database) -> Row | None:
-    row = await db.row("admission_state")
-    return row if row is not None and row["held"] else None

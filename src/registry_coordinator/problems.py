@@ -16,6 +16,7 @@ CODES: dict[str, str] = {
     "request.unstorable-text": "the body holds a NUL character or an unpaired surrogate",
     "request.too-deep": "the body nests arrays and objects too deep",
     "request.too-large": "the body is larger than the configured limit",
+    "request.unsupported-media-type": "a body on a JSON route that is not sent as JSON",
     "request.idempotency-key-missing": "a start without an Idempotency-Key header",
     "request.idempotency-key-invalid": "an Idempotency-Key that is not 1-200 visible ASCII",
     "request.invalid-filter": "a run listing filter or limit that is not allowed",
@@ -32,11 +33,12 @@ CODES: dict[str, str] = {
     "auth.lifetime-too-long": "a token valid for longer than the configured maximum",
     "auth.forbidden": "no policy of the caller allows the action",
     "auth.operator-required": "an operator action by a caller who is not an operator",
+    "auth.keys-unavailable": "the issuer's key set could not be read for longer than allowed",
     "workflow.not-pinned": "no pinned workflow (version) of that name",
     "input.invalid": "the input does not fit the workflow's input schema",
     "admission.held": "new starts are held by an operator",
     "run.not-found": "no run of that id that the caller may see",
-    "run.key-reused": "the Idempotency-Key started a run with another input",
+    "run.key-reused": "the Idempotency-Key started a run of another workflow, version or input",
     "run.ended": "the run has already ended",
     "run.not-held": "the action needs a held run",
     "run.nothing-to-resend": "reconcile on a held run that sent no request at its step",
@@ -49,6 +51,9 @@ CODES: dict[str, str] = {
     "webhook.signature-invalid": "a signature that does not match body and secret",
     "webhook.signature-stale": "a signature more than five minutes from now",
     "webhook.invalid-delivery": "a delivery that is not {result, key, eventId, payload?}",
+    "service.unavailable": "the database cannot be reached; try again after Retry-After",
+    "service.stopping": "the service is shutting down; try again after Retry-After",
+    "service.internal-error": "the service failed to answer: a defect, logged with its cause",
 }
 
 

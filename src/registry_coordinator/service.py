@@ -6,10 +6,10 @@ database is reached, its server version and schema checked (embedded mode
 migrates itself); then the timer, the engine workers and the HTTP front end
 start, each reporting readiness through ``task_status.started()``.
 
-SIGTERM or SIGINT starts the graceful shutdown: workers stop claiming and finish
-the step they are on, calls in flight get the configured grace period and are
-then cancelled (recorded as uncertain), and the rest of the nursery is cancelled.
-No task outlives it.
+SIGTERM or SIGINT starts the graceful shutdown: new starts are refused (503
+service.stopping), workers stop claiming and finish the step they are on, calls
+in flight get the configured grace period and are then cancelled (recorded as
+uncertain), and the rest of the nursery is cancelled. No task outlives it.
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ async def _supervise(
             await nursery.start(calls.run)
             await nursery.start(engine.keep_leases)
             await nursery.start(engine.run)
+            await nursery.start(auth.run)  # the key set is read once before callers are served
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))
             await nursery.start(systemd.watchdog)
@@ -138,6 +139,7 @@ async def _supervise(
             async for received in signals:
                 log.info("received %s: shutting down", signal.Signals(received).name)
                 break
+            context.stopping.set()  # no new runs are admitted (503 service.stopping)
             systemd.send("STOPPING=1", "STATUS=stopping: finishing calls in flight")
             # Stop claiming; workers finish the step they are on. Calls in flight get
             # the grace period, then are cancelled and recorded as uncertain.

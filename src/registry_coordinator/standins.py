@@ -93,6 +93,11 @@ class Webhook:
     secret: str
     delay: float = 0.0
 
+    @property
+    def connection(self) -> str:
+        """The connection the URL delivers to, which the signature names."""
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
+
 
 @dataclass
 class Tokens:
@@ -312,7 +317,9 @@ class StandIn:
         event = {"result": result, "key": key, "eventId": f"evt-{uuid.uuid4()}"}
         body = json.dumps(event).encode()
         headers = {
-            SIGNATURE_HEADER: sign(self.webhook.secret, int(time.time()), body),
+            SIGNATURE_HEADER: sign(
+                self.webhook.secret, int(time.time()), self.webhook.connection, body
+            ),
             "Content-Type": "application/json",
         }
         for attempt in range(5):

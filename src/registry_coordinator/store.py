@@ -55,15 +55,32 @@ TERMINAL = ("finished", "failed", "expired", "cancelled")
 @dataclass(frozen=True)
 class Admitted:
     run_id: uuid.UUID
-    created: bool  # False: the caller's key named an existing run with the same input
+    created: bool  # False: the caller's key named an existing run of the same start
 
 
 class KeyReused(Exception):
-    """The caller's Idempotency-Key already started a run with a different input."""
+    """The caller's Idempotency-Key already started a run of another workflow, version or
+    input."""
 
     def __init__(self, run_id: uuid.UUID) -> None:
         super().__init__(str(run_id))
         self.run_id = run_id
+
+
+class AdmissionHeld(Exception):
+    """An operator holds admission: no new run is admitted."""
+
+    def __init__(self, reason: str, actor: str) -> None:
+        super().__init__(reason)
+        self.reason, self.actor = reason, actor
+
+
+def start_digest(workflow: str, version: str | None, run_input: JSON) -> str:
+    """What a caller's Idempotency-Key stands for: the start as asked (the version as
+    given, None when it named none, so a retry finds its run even after a new version
+    is pinned)."""
+    asked = {"workflow": workflow, "version": version, "input": run_input}
+    return digest_of(canonical_bytes(asked))
 
 
 async def store_definition(
@@ -87,9 +104,11 @@ async def admit(
     caller: str,
     start_key: str,
     run_input: JSON,
+    asked_version: str | None = None,
 ) -> Admitted:
-    """Create a run due at once, or find the one this caller's key already started."""
-    input_digest = digest_of(canonical_bytes(run_input))
+    """Create a run due at once, or find the one this caller's key already started (even
+    while admission is held: that start was admitted before the hold)."""
+    started = start_digest(definition.id, asked_version, run_input)
     run_id = uuid.uuid4()
     params = {
         "id": run_id,
@@ -97,17 +116,21 @@ async def admit(
         "workflow_id": definition.id,
         "caller": caller,
         "start_key": start_key,
-        "input_digest": input_digest,
+        "start_digest": started,
         "input": Jsonb(run_input),
         "step": definition.workflow.start,
         "deadline": definition.workflow.deadline,
         "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
     }
-    if await db.row("admit_run", params):
+    gate = await db.row("admit_run", params)
+    assert gate is not None, "schema 7 gives admission its row"
+    if gate["run_id"] is not None:
         return Admitted(run_id, True)
     existing = await db.row("run_by_start_key", {"caller": caller, "start_key": start_key})
-    assert existing is not None, "a start key conflicted, so its run exists"
-    if existing["input_digest"] != input_digest:
+    if existing is None:
+        assert gate["held"], "a start is refused only when held, or for a key in use"
+        raise AdmissionHeld(gate["reason"], gate["actor"])
+    if existing["start_digest"] != started:
         raise KeyReused(existing["id"])
     return Admitted(existing["id"], False)
 
@@ -731,3 +754,32 @@ async def status(db: Database, run_id: uuid.UUID) -> Row | None:
 
 async def history(db: Database, run_id: uuid.UUID) -> list[Row]:
     return await db.rows("run_history", {"id": run_id})
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a listing may show (a caller's own and the workflows its policies
+    cover; None: no limit) and which it asks for."""
+
+    caller: str | None
+    readable: frozenset[str] | None
+    state: str | None = None
+    workflow: str | None = None
+
+
+async def runs_page(
+    db: Database, which: RunFilter, after: tuple[datetime, uuid.UUID], limit: int
+) -> list[Row]:
+    """Up to ``limit`` runs, newest first, admitted before the cursor ``after``."""
+    return await db.rows(
+        "list_runs",
+        {
+            "caller": which.caller,
+            "readable": None if which.readable is None else sorted(which.readable),
+            "state": which.state,
+            "workflow": which.workflow,
+            "after_at": after[0],
+            "after_id": after[1],
+            "limit": limit,
+        },
+    )

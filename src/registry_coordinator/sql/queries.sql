@@ -35,12 +35,18 @@ ON CONFLICT (digest) DO NOTHING;
 SELECT artifact FROM definitions WHERE digest = %(digest)s;
 
 -- name: admit_run
--- A new run, due at once. Nothing is inserted when the caller already used the key.
-WITH admitted AS (
-    INSERT INTO runs (id, digest, workflow_id, caller, start_key, input_digest, input,
+-- A new run, due at once, unless admission is held or the caller already used the key.
+-- The admission row is locked (shared) by the statement that inserts the run: a hold
+-- (which updates that row) and a start serialize, so a start that commits after a hold
+-- has seen it. Returns the run's id when one was admitted, and admission as it stood.
+WITH gate AS MATERIALIZED (
+    SELECT held, reason, actor FROM admission FOR SHARE
+), admitted AS (
+    INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
                       state, step, seq, due_at, admitted_at, deadline_at, updated_at)
-    VALUES (%(id)s, %(digest)s, %(workflow_id)s, %(caller)s, %(start_key)s, %(input_digest)s,
-            %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now())
+    SELECT %(id)s, %(digest)s, %(workflow_id)s, %(caller)s, %(start_key)s, %(start_digest)s,
+           %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now()
+    WHERE NOT EXISTS (SELECT FROM gate WHERE held)
     ON CONFLICT (caller, start_key) DO NOTHING
     RETURNING id, step, admitted_at
 ), evented AS (
@@ -48,10 +54,13 @@ WITH admitted AS (
     SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
     RETURNING run_id
 )
-SELECT run_id, pg_notify('coordinator_wake', 'admitted') FROM evented;
+SELECT (SELECT run_id FROM evented) AS run_id,
+       (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
+       gate.held, gate.reason, gate.actor
+FROM gate;
 
 -- name: run_by_start_key
-SELECT id, input_digest FROM runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
+SELECT id, start_digest FROM runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
 
 -- name: run_status
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
@@ -259,9 +268,6 @@ SELECT id, seq, %(now)s, 'call-dispatched', %(step)s, %(actor)s,
 FROM moved
 RETURNING seq;
 
--- name: admission_state
-SELECT held, reason, actor, at FROM admission;
-
 -- name: set_admission
 WITH changed AS (
     INSERT INTO admission (held, reason, actor, at) VALUES (%(held)s, %(reason)s, %(actor)s, now())
@@ -422,8 +428,10 @@ SELECT attempt, late_status, late_response FROM executions
 WHERE run_id = %(id)s AND step = %(step)s AND late_status BETWEEN 200 AND 299
 ORDER BY attempt DESC LIMIT 1;
 
--- name: list_runs_of_caller
--- One page of a caller's runs, newest first, after the cursor (admitted_at, id).
+-- name: list_runs
+-- One page of runs, newest first, after the cursor (admitted_at, id): a caller's own
+-- (all callers' when caller is NULL), of the workflows its policies cover (all when
+-- readable is NULL), then as the filters ask.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
@@ -434,26 +442,9 @@ LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its cla
     WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
     ORDER BY e.attempt DESC LIMIT 1
 ) late ON true
-WHERE r.caller = %(caller)s
+WHERE (%(caller)s::text IS NULL OR r.caller = %(caller)s)
+  AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]))
   AND (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
-  AND (%(state)s::text IS NULL OR r.state = %(state)s)
-  AND (%(workflow)s::text IS NULL OR r.workflow_id = %(workflow)s)
-ORDER BY r.admitted_at DESC, r.id DESC
-LIMIT %(limit)s;
-
--- name: list_all_runs
--- One page of every caller's runs, for operators.
-SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
-       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
-       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
-       late.attempt AS late_attempt, late.late_status, late.late_at
-FROM runs r JOIN definitions d ON d.digest = r.digest
-LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
-    SELECT e.attempt, e.late_status, e.late_at FROM executions e
-    WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
-    ORDER BY e.attempt DESC LIMIT 1
-) late ON true
-WHERE (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
   AND (%(state)s::text IS NULL OR r.state = %(state)s)
   AND (%(workflow)s::text IS NULL OR r.workflow_id = %(workflow)s)
 ORDER BY r.admitted_at DESC, r.id DESC
