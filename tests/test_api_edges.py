@@ -142,6 +142,19 @@ def test_numbers_json_does_not_have_get_400_on_every_route(service: Service, dsn
         assert conn.execute("SELECT held FROM admission").fetchone() == {"held": False}
 
 
+def test_the_replay_window_is_five_minutes_either_way(service: Service, dsn: str) -> None:
+    """Signed 295 s ago or ahead: accepted; 305 s: refused as stale, and not kept."""
+    for shift, status in [(-295, 202), (295, 202), (-305, 401), (305, 401)]:
+        body = {"result": "review-decision", "key": "rev-1", "eventId": f"evt{shift:+}"}
+        response = service.http.post(**delivery_request(body, at=time.time() + shift))
+        assert response.status_code == status, (shift, response.text)
+        if status == 401:
+            assert response.json()["code"] == "webhook.signature-stale"
+    with sync_connection(dsn) as conn:
+        stored = conn.execute("SELECT event_id FROM deliveries ORDER BY event_id").fetchall()
+    assert [r["event_id"] for r in stored] == ["evt+295", "evt-295"]
+
+
 def second_version(directory: Path) -> Path:
     """timed-choice as version 2: the same steps, another pinned artifact."""
     source = (TEST_WORKFLOWS / "timed-choice.yaml").read_text()

@@ -6,16 +6,31 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .harness import WORKFLOWS, coordinator
 
 SHIPPED = sorted(p for p in WORKFLOWS.iterdir() if (p / "workflow.yaml").is_file())
 
 
-def test_at_least_three_workflows_use_waits() -> None:
-    texts = {p.name: (p / "workflow.yaml").read_text() for p in SHIPPED}
-    assert "review-application" in texts
-    assert sum("type: wait-until" in t for t in texts.values()) >= 2
+def test_the_shipped_workflows_each_wait_and_between_them_use_every_step_type() -> None:
+    """Read as data, not by substring: every shipped workflow waits (that is what the
+    service is for), wait-until and wait-for both appear, and so does every step type."""
+    types = {
+        p.name: {
+            step["type"]
+            for step in yaml.safe_load((p / "workflow.yaml").read_text())["steps"].values()
+        }
+        for p in SHIPPED
+    }
+    assert sorted(types) == ["book-appointment", "follow-up-notice", "review-application"]
+    waits = {name: sorted(found & {"wait-until", "wait-for"}) for name, found in types.items()}
+    assert waits == {
+        "book-appointment": ["wait-until"],
+        "follow-up-notice": ["wait-for", "wait-until"],
+        "review-application": ["wait-for"],
+    }
+    assert set().union(*types.values()) == {"call", "choose", "wait-until", "wait-for", "finish"}
 
 
 def test_all_workflows_check() -> None:
