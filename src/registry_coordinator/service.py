@@ -26,7 +26,7 @@ import trio_asyncio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from . import store
+from . import faults, store
 from .api import Context, create_app
 from .auth import Authenticator
 from .calls import Calls, Product, open_products
@@ -128,6 +128,8 @@ async def _supervise(
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))
             await nursery.start(systemd.watchdog)
+            if faults.STALL_SECONDS:
+                await nursery.start(faults.stall_on_signal)
             if not listener.connected:
                 systemd.status("waiting for the database listener")
                 await listener.first_connected.wait()
