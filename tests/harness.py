@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -76,29 +77,32 @@ class Cluster:
             conn.execute(f"CREATE DATABASE {name}")
         return self.admin.replace("/coordinator?", f"/{name}?")
 
-    def restart(self) -> None:
-        """Restart PostgreSQL (fast: sessions are cut), as an outage under load does."""
-        data = self.server.data_directory
-        user = "embedded_postgres" if os.geteuid() == 0 else None
-        # pg_ctl's server would hold captured pipes open: it logs to its file instead.
+    def _pg_ctl(self, *args: str, check: bool = True) -> None:
+        """pg_ctl on this cluster's data directory, as the server's own user, waiting for it;
+        its server's output goes to its log, not to pipes the test would hold open."""
         subprocess.run(
-            [
-                str(PG_BIN / "pg_ctl"),
-                "-D",
-                str(data),
-                "-w",
-                "-m",
-                "fast",
-                "-l",
-                str(data / "log"),
-                "restart",
-            ],
-            check=True,
+            [str(PG_BIN / "pg_ctl"), "-D", str(self.server.data_directory), "-w", *args],
+            check=check,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            user=user,
+            user="embedded_postgres" if os.geteuid() == 0 else None,
             timeout=60,
         )
+
+    @contextmanager
+    def down(self) -> Iterator[None]:
+        """PostgreSQL stopped (fast: sessions are cut) for as long as the block runs, then
+        started again with the options it ran with (``postmaster.opts``, as a restart reads
+        them: without them it would listen elsewhere)."""
+        data = self.server.data_directory
+        options = shlex.split((data / "postmaster.opts").read_text())[1:]
+        if options[:1] == ["-D"]:
+            options = options[2:]  # pg_ctl names the data directory itself
+        self._pg_ctl("-m", "fast", "stop")
+        try:
+            yield
+        finally:
+            self._pg_ctl("-l", str(data / "log"), "-o", shlex.join(options), "start")
 
     @contextmanager
     def refusing(self, dsn: str) -> Iterator[None]:
@@ -121,17 +125,8 @@ class Cluster:
         self.server.stop()
         # After a restart the wheel's handle knows only the old server process, so stop
         # whatever server now runs in the data directory, too.
-        data = self.server.data_directory
-        if (data / "postmaster.pid").exists():
-            user = "embedded_postgres" if os.geteuid() == 0 else None
-            subprocess.run(
-                [str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-m", "fast", "stop"],
-                check=False,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                user=user,
-                timeout=60,
-            )
+        if (self.server.data_directory / "postmaster.pid").exists():
+            self._pg_ctl("-m", "fast", "stop", check=False)
 
 
 def free_port() -> int:
@@ -441,6 +436,13 @@ class StandIns:
     def ledger(self, product: str) -> dict[str, Any]:
         return dict(httpx.get(self.url(product) + "/_control/ledger", timeout=5).json())
 
+    def wait_in_flight(self, product: str, count: int = 1, timeout: float = 30) -> None:
+        """Until ``count`` requests are in flight at ``product`` (received, not answered)."""
+        deadline = time.monotonic() + timeout
+        while (flying := self.ledger(product)["inFlight"]) < count:
+            assert time.monotonic() < deadline, f"{flying} requests in flight at {product}"
+            time.sleep(0.02)
+
     def faults(self, product: str, *rules: dict[str, Any]) -> None:
         response = httpx.post(self.url(product) + "/_control/faults", json=list(rules), timeout=5)
         assert response.status_code == 200
@@ -522,12 +524,20 @@ def events(dsn: str, run_id: str) -> list[dict[str, Any]]:
 
 
 def put_to_sleep(
-    dsn: str, count: int, ahead: timedelta, spread: timedelta, *, unbatched_every: int = 0
+    dsn: str,
+    count: int,
+    ahead: timedelta,
+    spread: timedelta = timedelta(0),
+    *,
+    unbatched_every: int = 0,
+    prefix: str = "k",
 ) -> None:
     """``count`` timed-choice runs asleep at its wait-until ``pause``, written straight
-    into the database (admitting them one by one would spread them out): due ``ahead``
-    from now, spread evenly over ``spread`` in 1,000 slots. Every ``unbatched_every``th
-    run fell asleep as under schema 4, without ``wakes_to``, for a worker to wake."""
+    into the database (admitting them one by one would spread them out) with the history
+    a run that fell asleep has (admitted, waiting): due ``ahead`` from now, spread evenly
+    over ``spread`` in 1,000 slots. Every ``unbatched_every``th run fell asleep as under
+    schema 4, without ``wakes_to``, for a worker to wake. Their start keys begin with
+    ``prefix``, so that a test can put more to sleep."""
     with sync_connection(dsn) as conn:
         conn.execute(
             """
@@ -535,19 +545,29 @@ def put_to_sleep(
                 INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
                                   input, state, step, seq, timer_at, wakes_to, due_at,
                                   admitted_at, deadline_at, updated_at)
-                SELECT gen_random_uuid(), d.digest, d.workflow_id, 'sleeper', 'k' || n, 'x',
-                       '{"answer": "no"}', 'waiting', 'pause', 2, t.due,
+                SELECT gen_random_uuid(), d.digest, d.workflow_id, 'sleeper', %(prefix)s || n,
+                       'x', '{"answer": "no"}', 'waiting', 'pause', 2, t.due,
                        CASE WHEN %(every)s = 0 OR n %% %(every)s <> 0 THEN 'route' END, t.due,
                        t.due - interval '2 s', t.due + interval '1 hour', now()
                 FROM definitions d, generate_series(1, %(count)s) AS n,
                      LATERAL (SELECT now() + %(ahead)s + (n %% 1000) * %(spread)s / 1000 AS due) t
                 WHERE d.workflow_id = 'timed-choice'
-                RETURNING id, admitted_at
+                RETURNING id, admitted_at, timer_at
             )
             INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-            SELECT id, 1, admitted_at, 'admitted', 'pause', 'sleeper', '{}' FROM made
+            SELECT id, e.seq, admitted_at, e.kind, 'pause', 'sleeper', e.detail
+            FROM made, LATERAL (
+                VALUES (1, 'admitted', '{}'::jsonb),
+                       (2, 'waiting', jsonb_build_object('until', rfc3339(timer_at)))
+            ) AS e (seq, kind, detail)
             """,
-            {"count": count, "ahead": ahead, "spread": spread, "every": unbatched_every},
+            {
+                "count": count,
+                "ahead": ahead,
+                "spread": spread,
+                "every": unbatched_every,
+                "prefix": prefix,
+            },
         )
 
 

@@ -240,11 +240,9 @@ def test_no_start_is_admitted_once_shutdown_has_begun(dsn: str, tmp_path: Path) 
         try:
             body = {"workflow": "lookup", "input": {"recordId": "r-1"}}
             assert start(service, body).status_code == 201
-            deadline = time.monotonic() + 30
-            while products.ledger("breg")["inFlight"] == 0:
-                assert time.monotonic() < deadline, "the read never reached BReg"
-                time.sleep(0.05)
+            products.wait_in_flight("breg")
             service.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
             log = service.log
             while "shutting down" not in log.read_text():
                 assert service.process.poll() is None, log.read_text()

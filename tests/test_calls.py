@@ -140,10 +140,7 @@ def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(
         products.faults("messaging", {"match": "POST /v1/messages", "mode": "delay", "seconds": 20})
         service = Service(config, log).wait_listening()
         run = service.start_run("notify", {"email": "a@example.org"})
-        deadline = time.monotonic() + 10
-        while products.ledger("messaging")["inFlight"] == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        products.wait_in_flight("messaging")
         service.kill()
         products.faults("messaging")
         with running(config, log):
@@ -232,10 +229,7 @@ def test_sigterm_during_20_calls_exits_within_grace_and_restart_resolves(
         products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 30})
         service = Service(config, log).wait_listening()
         runs = [service.start_run("lookup", {"recordId": f"app-{n}"}) for n in range(20)]
-        deadline = time.monotonic() + 15
-        while products.ledger("breg")["inFlight"] < 20:
-            assert time.monotonic() < deadline, products.ledger("breg")["inFlight"]
-            time.sleep(0.05)
+        products.wait_in_flight("breg", 20)
         stopping = time.monotonic()
         assert service.stop() == 0
         took = time.monotonic() - stopping

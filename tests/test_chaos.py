@@ -12,6 +12,7 @@ import json
 import random
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 from registry_coordinator.database import sync_connection
 
 from .harness import (
+    STANDIN_TOKEN,
     Cluster,
     Service,
     StandIns,
@@ -28,6 +30,7 @@ from .harness import (
     deployment,
     free_port,
     migrate,
+    put_to_sleep,
     run_state,
     stand_ins,
     wait_for,
@@ -129,7 +132,27 @@ def wait_settled(dsn: str, timeout: float = 90) -> None:
     )
 
 
+#: The kills (of 20) that land inside dispatch windows: both products hold every mutation
+#: back, and the kill comes once Casework has a full pool of them in flight. The others
+#: land at random moments.
+IN_DISPATCH = frozenset({3, 7, 11, 15, 19})
+#: The Casework connection's pool (its default poolSize): how many of its calls can be in
+#: flight at once, so exactly how many a kill inside a dispatch window interrupts there.
+CASEWORK_POOL = 4
+
+
 def test_crash_loop_twenty_kills_two_mutations(dsn: str, tmp_path: Path) -> None:
+    """200 runs of two mutations, ten admitted before each of 20 SIGKILLs. Five kills land
+    while mutations are known to be in flight (the products' ledgers show them, held back
+    by a delay): every run whose mutation a kill cut off unanswered is held
+    ``dispatch-interrupted`` at that step after the restart, never finished, its request
+    received once. Every other run finishes with each mutation applied once, or is held
+    as interrupted too (a kill between its dispatch and the recording of the answer);
+    no mutation reaches a product twice.
+
+    Without the known kills, random ones almost never land inside a millisecond-long
+    dispatch, so a service that resent mutations after a crash would pass unnoticed.
+    """
     print("\n" + HEADER)
     casework, messaging = free_port(), free_port()
     connections = {
@@ -150,52 +173,262 @@ def test_crash_loop_twenty_kills_two_mutations(dsn: str, tmp_path: Path) -> None
     migrate(config)
     log = tmp_path / "service.log"
     chance = random.Random(20261129)
+    cut_off: dict[str, int] = {}  # idempotency key -> the kill its request was unanswered at
     with stand_ins(
         tmp_path / "standins.log", {"casework": casework, "messaging": messaging}
     ) as products:
         service = Service(config, log).wait_listening()
-        admitted = start_runs(service, 200, "crash")
-        for _ in range(20):
-            time.sleep(chance.uniform(0.05, 0.6))
+        admitted = 0
+        for kill in range(20):
+            if kill in IN_DISPATCH:
+                for product, path in MUTATIONS:
+                    products.faults(
+                        product, {"match": f"POST {path}", "mode": "delay", "seconds": 60}
+                    )
+            admitted += start_runs(service, 10, f"crash-{kill}")
+            if kill in IN_DISPATCH:
+                products.wait_in_flight("casework", CASEWORK_POOL)
+            else:
+                time.sleep(chance.uniform(0.05, 0.6))
             service.kill()
+            for key in unanswered(products):
+                cut_off.setdefault(key, kill)
+            if kill in IN_DISPATCH:
+                for product, _ in MUTATIONS:
+                    products.faults(product)  # the rest are answered at once
             service = Service(config, log).wait_listening()
         wait_settled(dsn)
         service.stop()
         row = summary("crash loop (SIGKILL)", dsn, admitted, 20, products)
-    # Every held run is explained by a kill while its mutation was dispatched.
+        received, applied = mutations_seen(products)
+    at_known_kills = Counter(
+        kill for key, kill in cut_off.items() if kill in IN_DISPATCH and key.endswith(":ask")
+    )
+    # Each known kill cut off exactly a full Casework pool of mutations in flight.
+    assert at_known_kills == Counter(dict.fromkeys(IN_DISPATCH, CASEWORK_POOL)), cut_off
+    with sync_connection(dsn) as conn:
+        runs = {
+            str(r["id"]): r
+            for r in conn.execute("SELECT id, state, step, hold_code FROM runs").fetchall()
+        }
+        for key in cut_off:  # those runs: held at that step, as interrupted, sent once
+            _, run, step = key.split(":")
+            assert (runs[run]["state"], runs[run]["step"], runs[run]["hold_code"]) == (
+                "held",
+                step,
+                "dispatch-interrupted",
+            ), (key, runs[run])
+            kinds = [
+                e["kind"]
+                for e in conn.execute(
+                    "SELECT kind FROM run_events WHERE run_id = %s ORDER BY seq", (run,)
+                ).fetchall()
+            ]
+            assert kinds[-2:] == ["call-dispatched", "held"], (key, kinds)
+            assert received[key] == 1 and applied[key] == 0, key
+    for run, found in runs.items():  # the rest: each mutation applied once, or held
+        if found["state"] == "finished":
+            assert applied[f"coordinator:{run}:ask"] == applied[f"coordinator:{run}:tell"] == 1
+    held = row["states"]["held"]
+    print(
+        f"{len(cut_off)} mutations cut off unanswered ({sum(at_known_kills.values())} at the "
+        f"{len(IN_DISPATCH)} known kills); {held} runs held, {row['states']['finished']} finished"
+    )
     assert set(row["holds"]) <= {"dispatch-interrupted"}, row["holds"]
-    assert row["states"]["finished"] >= 150
+    assert held >= len(cut_off)
+    assert row["states"]["finished"] + held == admitted
+
+
+def mutations_seen(products: StandIns) -> tuple[Counter[str], Counter[str]]:
+    """How often the products received, and applied, a mutation, by idempotency key."""
+    received = Counter(
+        r["key"] for product, path in MUTATIONS for r in products.requests(product, "POST", path)
+    )
+    applied: Counter[str] = Counter()
+    for product, _ in MUTATIONS:
+        applied.update(products.ledger(product)["applied"])
+    return received, applied
+
+
+def unanswered(products: StandIns) -> list[str]:
+    """The idempotency keys of mutations a product received and never answered (after a
+    kill: those it was still holding when the service died)."""
+    return [
+        request["key"]
+        for product, path in MUTATIONS
+        if product in products.ports
+        for request in products.requests(product, "POST", path)
+        if request["key"] is not None and "status" not in request
+    ]
+
+
+#: Histories each kind of run in the database-restart scenario must end with, exactly.
+SLEPT = ["admitted", "waiting", "step-completed", "step-completed", "finished"]
+CALLED = [
+    "admitted",
+    "call-dispatched",
+    "step-completed",
+    "call-dispatched",
+    "step-completed",
+    "finished",
+]
+DECIDED = ["admitted", "waiting", "result-delivered", "step-completed", "finished"]
 
 
 def test_database_restart_under_load(cluster: Cluster, dsn: str, tmp_path: Path) -> None:
+    """PostgreSQL is stopped and started again while the service has runs in every state:
+    mutations in flight at Casework (held back there), runs waiting for a review decision,
+    runs asleep at a wait-until not yet due, and a thousand wait-untils come due at once,
+    some finished, many not yet taken. Each state is counted at the moment of the stop and
+    must be non-empty.
+
+    While the database is down the products answer the calls in flight: an answer in hand
+    is recorded once the database is back, so each of those runs finishes, its mutation
+    received and applied once. The runs waiting for a decision resume when it is made,
+    the sleepers and the due ones wake and finish, each history exactly as without the
+    outage. The one kind of run that may rightly be held (``dispatch-interrupted``) is one
+    whose dispatch the stop cut off, its commit unknown: a mutation sealed and never sent,
+    so none of those reached a product. The lease (10 s) outlasts the outage, so no claim
+    on a call in flight is lost meanwhile.
+    """
     connections: dict[str, tuple[str, dict[str, Any]]] = {
         "reviews": ("casework", {}),
         "notices": ("messaging", {}),
     }
-    with deployment(tmp_path, dsn, ["two-mutations"], connections, workers=4) as (
-        service,
-        products,
-    ):
-        admitted = start_runs(service, 100, "restart")
-        time.sleep(0.3)
-        cluster.restart()
-        not_ready = False
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                ready = service.http.get("/ready", timeout=2)
-            except httpx.HTTPError:
-                continue
-            not_ready = not_ready or ready.status_code == 503
-            if ready.status_code == 200 and not_ready:
-                break
-            time.sleep(0.05)
-        assert not_ready, "the service never reported the database outage on /ready"
+    workflows = ["two-mutations", "await-review", "timed-choice"]
+    with deployment(
+        tmp_path, dsn, workflows, connections, webhooks=True, workers=4, lease="PT10S"
+    ) as (service, products):
+        reviews = open_reviews(products, 10)
+        for key in reviews:
+            service.start_run("await-review", {"requestId": key}, key=key)
+        wait_for(dsn, "SELECT count(*) FROM waits", len(reviews))
+        put_to_sleep(dsn, 20, timedelta(seconds=6), prefix="asleep")  # still, at the stop
+        products.faults(
+            "casework", {"match": "POST /v1/review-requests", "mode": "delay", "seconds": 3}
+        )
+        admitted = len(reviews) + 20 + start_runs(service, CASEWORK_POOL, "calling")
+        products.wait_in_flight("casework", CASEWORK_POOL)
+        put_to_sleep(dsn, 1000, timedelta(seconds=0.3), prefix="burst")  # due before the stop
+        admitted += 1000
+        at_stop = every_state(dsn)
+        in_flight = set(unanswered(products))
+        with cluster.down():
+            wait_ready(service, 503)  # it reports the outage
+            wait_answered(products, in_flight)  # answers in hand while the database is down
+        products.faults("casework")
+        wait_ready(service, 200)
+        for key in reviews:
+            decide(products, key)
         admitted += start_runs(service, 50, "after")
         wait_settled(dsn)
         assert service.process.poll() is None  # it survived
         row = summary("database restart", dsn, admitted, 1, products)
-    assert row["states"]["finished"] == admitted  # nothing needed an operator
+        received, applied = mutations_seen(products)
+    print({state: len(runs) for state, runs in at_stop.items()})
+    assert len(at_stop["mid-call"]) == CASEWORK_POOL
+    assert len(at_stop["awaiting a result"]) == len(reviews)
+    assert len(at_stop["asleep"]) == 20
+    assert len(at_stop["due"]) >= 200
+    assert in_flight == {f"coordinator:{run}:ask" for run in at_stop["mid-call"]}
+    ended = final_states(dsn)
+    for run in at_stop["mid-call"]:  # answered during the outage: recorded, and went on
+        assert ended[run][:2] == ("finished", "done"), ended[run]
+        assert ended[run][2] == CALLED, ended[run]
+        for step in ("ask", "tell"):
+            assert received[f"coordinator:{run}:{step}"] == 1, (run, step)
+            assert applied[f"coordinator:{run}:{step}"] == 1, (run, step)
+    for run in at_stop["awaiting a result"]:
+        assert ended[run] == ("finished", "decided", DECIDED), ended[run]
+    for run in at_stop["asleep"] | at_stop["due"]:
+        assert ended[run] == ("finished", "no", SLEPT), ended[run]
+    held = [run for run, (state, _, _) in ended.items() if state == "held"]
+    for run in held:  # cut off in its dispatch: sealed, never sent
+        step = run_state(dsn, run)["step"]
+        assert received[f"coordinator:{run}:{step}"] == 0, (run, step)
+    assert set(row["holds"]) <= {"dispatch-interrupted"}, row["holds"]
+    assert row["states"]["finished"] == admitted - len(held)
+    print(f"{len(held)} runs held, their dispatch cut off by the stop")
+
+
+def every_state(dsn: str, timeout: float = 30) -> dict[str, set[str]]:
+    """The unended runs by state, once every state the restart must hit has runs: calls in
+    flight, waits for a result, wait-untils not yet due, and runs due that no worker holds
+    yet (at least 200 of those, so that some are left when the stop lands) while others
+    are being finished (the workers are busy)."""
+    deadline = time.monotonic() + timeout
+    with sync_connection(dsn) as conn:
+        while True:
+            rows = conn.execute(
+                """
+                SELECT id::text AS id,
+                       ended_at IS NULL AND dispatched_at IS NOT NULL AS "mid-call",
+                       EXISTS (SELECT 1 FROM waits w WHERE w.run_id = r.id)
+                           AS "awaiting a result",
+                       state = 'waiting' AND wakes_to IS NOT NULL
+                           AND timer_at > clock_timestamp() AS asleep,
+                       ended_at IS NULL AND due_at <= clock_timestamp()
+                           AND lease_token IS NULL AS due,
+                       ended_at IS NOT NULL AS ended
+                FROM runs r
+                """
+            ).fetchall()
+            states = {
+                state: {r["id"] for r in rows if r[state]}
+                for state in ("mid-call", "awaiting a result", "asleep", "due", "ended")
+            }
+            if all(states.values()) and len(states["due"]) >= 200:
+                return states
+            assert time.monotonic() < deadline, {k: len(v) for k, v in states.items()}
+            time.sleep(0.01)
+
+
+def final_states(dsn: str) -> dict[str, tuple[str, str | None, list[str]]]:
+    """Every run's state, outcome and history kinds, by run id."""
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            """
+            SELECT r.id::text AS id, r.state, r.outcome,
+                   (SELECT array_agg(e.kind ORDER BY e.seq) FROM run_events e
+                    WHERE e.run_id = r.id) AS kinds
+            FROM runs r
+            """
+        ).fetchall()
+    return {r["id"]: (r["state"], r["outcome"], r["kinds"]) for r in rows}
+
+
+def open_reviews(products: StandIns, count: int) -> list[str]:
+    """Make ``count`` review requests at Casework, left undecided; their ids."""
+    auth = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
+    subject = {"kind": "restart", "subject": {"type": "a", "id": "1"}}
+    with httpx.Client(base_url=products.url("casework"), headers=auth) as casework:
+        return [
+            casework.post("/v1/review-requests", json=subject).json()["requestId"]
+            for _ in range(count)
+        ]
+
+
+def wait_ready(service: Service, status: int, timeout: float = 30) -> None:
+    """Until the service's /ready answers ``status``."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = service.http.get("/ready", timeout=5).status_code
+        except httpx.HTTPError as exc:
+            last = exc
+        if last == status:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"/ready answered {last}, not {status}, within {timeout} s")
+
+
+def wait_answered(products: StandIns, keys: set[str], timeout: float = 30) -> None:
+    """Until the products have answered every mutation with one of these keys."""
+    deadline = time.monotonic() + timeout
+    while pending := keys & set(unanswered(products)):
+        assert time.monotonic() < deadline, f"still unanswered: {pending}"
+        time.sleep(0.05)
 
 
 def test_two_processes_under_load_do_no_step_twice(dsn: str, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ sequence numbers run 1, 2, 3... without a gap: nothing lost, nothing done twice.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,20 @@ def wait_all_ended(dsn: str, timeout: float = 60) -> None:
     wait_for(dsn, "SELECT count(*) FROM runs WHERE ended_at IS NULL", 0, timeout)
 
 
-def admit_until_dead(service: Service, count: int) -> int:
-    """Start chain runs until ``count`` are admitted or the service has killed itself."""
-    admitted = 0
+def admit_until_dead(
+    service: Service,
+    count: int,
+    workflow: str = "chain",
+    input_of: Callable[[int], Any] = lambda n: {"n": n},
+) -> list[str]:
+    """Start runs until ``count`` are admitted or the service has killed itself; the ids
+    of those it said it admitted. Only a broken connection means death: any answer but
+    201 from a live service fails the test."""
+    admitted = []
     for n in range(count):
         try:
-            service.start_run("chain", {"n": n})
-            admitted += 1
-        except (httpx.TransportError, AssertionError):
+            admitted.append(service.start_run(workflow, input_of(n)))
+        except httpx.TransportError:
             break
     return admitted
 
@@ -89,7 +96,7 @@ def test_killed_at_a_chosen_point_every_run_still_finishes_once(
     migrate(config)
     log = tmp_path / "service.log"
     doomed = Service(config, log, crash_at=point).wait_listening()
-    admitted = admit_until_dead(doomed, 10)
+    admitted = len(admit_until_dead(doomed, 10))
     assert doomed.process.wait(30) == -9, "the crash point was never reached"
     with sync_connection(dsn) as conn:
         unfinished = conn.execute("SELECT count(*) AS n FROM runs WHERE ended_at IS NULL")
@@ -100,28 +107,61 @@ def test_killed_at_a_chosen_point_every_run_still_finishes_once(
 
 
 def test_killed_inside_a_transition_nothing_of_it_remains(dsn: str, tmp_path: Path) -> None:
-    """Killed inside the transaction that begins a wait-for (the run's new state and its
-    wait row are written, not committed): after restart each run waits, times out and
-    finishes once, as if the kill never happened."""
+    """Killed inside the transaction that begins a wait-for (the run's new state, its
+    history event and its wait row are written, not committed): at the kill the database
+    shows that transition wholly or not at all, and after restart each run waits, times
+    out and finishes once, as if the kill never happened.
+
+    The rows are read right after the kill, before a restart can repair anything: the
+    wait times out after 2 s whatever happened, so a transition half committed (the run
+    waiting, its ``waiting`` event written, no ``waits`` row) ends with the same history
+    as a whole one, and only the rows at the kill tell the two apart. One worker takes
+    the runs in order of admission, so the kill (the third pass through the transaction)
+    lands in the third run's: the two before it wait, wholly, and the third is still
+    claimed at the step it was killed in.
+    """
     casework = connection("casework", free_port())  # never called: the waits time out
     config = write_config(
-        tmp_path, dsn, ["await-review-briefly"], lease="PT2S", connections={"reviews": casework}
+        tmp_path,
+        dsn,
+        ["await-review-briefly"],
+        lease="PT2S",
+        workers=1,
+        connections={"reviews": casework},
     )
     migrate(config)
     log = tmp_path / "service.log"
     doomed = Service(config, log, crash_at="mid-transition:3").wait_listening()
-    runs = []
-    for n in range(6):
-        try:
-            runs.append(doomed.start_run("await-review-briefly", {"requestId": f"rev-{n}"}))
-        except (httpx.TransportError, AssertionError):
-            break
+    runs = admit_until_dead(doomed, 6, "await-review-briefly", lambda n: {"requestId": f"rev-{n}"})
     assert doomed.process.wait(30) == -9, "the crash point was never reached"
+    at_kill = transition_rows(dsn)
+    assert len(at_kill) >= 3, at_kill
+    for run in at_kill:
+        whole = (run["state"], run["seq"], run["kinds"], run["waits"]) == (
+            "waiting",
+            2,
+            ["admitted", "waiting"],
+            1,
+        )
+        none = (run["state"], run["seq"], run["kinds"], run["waits"]) == (
+            "running",
+            1,
+            ["admitted"],
+            0,
+        )
+        assert whole or none, f"the transition is half committed: {run}"
+    # In order of admission: two waited wholly before the kill; the third was killed in
+    # its transaction and is still claimed, unmoved; the rest were never claimed.
+    assert [(r["state"], r["claimed"]) for r in at_kill] == [
+        ("waiting", False),
+        ("waiting", False),
+        ("running", True),
+    ] + [("running", False)] * (len(at_kill) - 3), at_kill
     with running(config, log):
         wait_all_ended(dsn)
     with sync_connection(dsn) as conn:
         ended = conn.execute("SELECT id, outcome FROM runs").fetchall()
-        assert len(ended) >= 3
+        assert len(ended) == len(at_kill)
         assert set(runs) <= {str(run["id"]) for run in ended}  # no admitted run was lost
         for run in ended:
             assert run["outcome"] == "not-decided"
@@ -136,6 +176,23 @@ def test_killed_inside_a_transition_nothing_of_it_remains(dsn: str, tmp_path: Pa
             ], events
             assert [e["seq"] for e in events] == [1, 2, 3, 4]
         assert conn.execute("SELECT count(*) AS n FROM waits").fetchone() == {"n": 0}
+
+
+def transition_rows(dsn: str) -> list[dict[str, Any]]:
+    """Each run's row, history kinds and wait count as the database holds them, in order
+    of admission: what a transition wrote, if it committed."""
+    with sync_connection(dsn) as conn:
+        return list(
+            conn.execute(
+                """
+                SELECT r.id, r.state, r.seq, r.lease_token IS NOT NULL AS claimed,
+                       (SELECT array_agg(e.kind ORDER BY e.seq) FROM run_events e
+                        WHERE e.run_id = r.id) AS kinds,
+                       (SELECT count(*) FROM waits w WHERE w.run_id = r.id) AS waits
+                FROM runs r ORDER BY r.admitted_at, r.id
+                """
+            ).fetchall()
+        )
 
 
 def test_killed_while_runs_wait_they_resume_on_restart(dsn: str, tmp_path: Path) -> None:
