@@ -235,6 +235,25 @@ def write_config(
     return path
 
 
+def bound_to_one(
+    directory: Path,
+    dsn: str,
+    workflow: str,
+    name: str,
+    product: str,
+    settings: dict[str, Any] | None = None,
+    **options: Any,
+) -> tuple[Path, int]:
+    """A migrated configuration pinning ``workflow``, its one connection ``name`` bound to
+    a stand-in ``product`` on a free port (for the test to start when it chooses), and
+    that port."""
+    port = free_port()
+    bound = {name: connection(product, port, **(settings or {}))}
+    config = write_config(directory, dsn, [workflow], connections=bound, **options)
+    migrate(config)
+    return config, port
+
+
 def process_env(**extra: str) -> dict[str, str]:
     """The environment service and stand-in processes run with: the tests' secrets."""
     settings = {"STANDIN_TOKEN": STANDIN_TOKEN, "STANDIN_WEBHOOK_SECRET": WEBHOOK_SECRET}

@@ -36,6 +36,7 @@ from .harness import (
     TEST_WORKFLOWS,
     Cluster,
     Service,
+    bound_to_one,
     connection,
     database,
     delivery_request,
@@ -225,15 +226,7 @@ def test_while_the_database_is_down_the_api_answers_503_with_one_log_line(
 def test_no_start_is_admitted_once_shutdown_has_begun(dsn: str, tmp_path: Path) -> None:
     """A read hangs at BReg, so the shutdown waits out its grace period with the HTTP
     front end still up: starts sent meanwhile get 503, and no run is admitted."""
-    port = free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["lookup"],
-        grace="PT30S",
-        connections={"records": connection("breg", port)},
-    )
-    migrate(config)
+    config, port = bound_to_one(tmp_path, dsn, "lookup", "records", "breg", grace="PT30S")
     with stand_ins(tmp_path / "standins.log", {"breg": port}) as products:
         products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 60})
         service = Service(config, tmp_path / "service.log").wait_listening()

@@ -14,16 +14,13 @@ from registry_coordinator.database import sync_connection
 
 from .harness import (
     Service,
-    connection,
+    bound_to_one,
     deployment,
     events,
-    free_port,
-    migrate,
     run_state,
     running,
     stand_ins,
     wait_state,
-    write_config,
 )
 
 
@@ -32,11 +29,7 @@ def kinds(dsn: str, run: str) -> list[str]:
 
 
 def test_a_product_down_for_5_s_then_back(dsn: str, tmp_path: Path) -> None:
-    port = free_port()
-    config = write_config(
-        tmp_path, dsn, ["notify"], connections={"notices": connection("messaging", port)}
-    )
-    migrate(config)
+    config, port = bound_to_one(tmp_path, dsn, "notify", "notices", "messaging")
     with running(config, tmp_path / "service.log") as service:
         run = service.start_run("notify", {"email": "a@example.org"})
         time.sleep(5)
@@ -126,15 +119,7 @@ def test_retry_same_resends_identical_bytes_and_key(dsn: str, tmp_path: Path) ->
 def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(
     dsn: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = write_config(
-        tmp_path,
-        dsn,
-        ["notify"],
-        lease="PT2S",
-        connections={"notices": connection("messaging", port)},
-    )
-    migrate(config)
+    config, port = bound_to_one(tmp_path, dsn, "notify", "notices", "messaging", lease="PT2S")
     log = tmp_path / "service.log"
     with stand_ins(tmp_path / "standins.log", {"messaging": port}) as products:
         products.faults("messaging", {"match": "POST /v1/messages", "mode": "delay", "seconds": 20})
@@ -213,17 +198,17 @@ def test_a_pool_of_4_never_has_more_than_4_open_while_others_flow(dsn: str, tmp_
 def test_sigterm_during_20_calls_exits_within_grace_and_restart_resolves(
     dsn: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = write_config(
+    config, port = bound_to_one(
         tmp_path,
         dsn,
-        ["lookup"],
+        "lookup",
+        "records",
+        "breg",
+        {"poolSize": 30},
         workers=4,
         grace="PT2S",
         lease="PT2S",
-        connections={"records": connection("breg", port, poolSize=30)},
     )
-    migrate(config)
     log = tmp_path / "service.log"
     with stand_ins(tmp_path / "standins.log", {"breg": port}) as products:
         products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 30})
