@@ -155,9 +155,11 @@ def test_a_back_edge_always_makes_a_cycle(document: JSON, rnd: random.Random) ->
     assume(pairs)
     ancestor, step_id = rnd.choice(sorted(pairs))
     step = document["steps"][step_id]
-    field = rnd.choice([f for f in ("next", "otherwise", "on-timeout") if f in step] or ["cases"])
-    if field == "cases":
-        step["cases"][0]["next"] = ancestor
+    fields = [f for f in ("next", "otherwise", "on-timeout") if f in step]
+    fields += [f"cases.{i}" for i in range(len(step.get("cases", [])))]
+    field = rnd.choice(fields)  # any edge: a choose's cases too, not only its otherwise
+    if field.startswith("cases."):
+        step["cases"][int(field.split(".")[1])]["next"] = ancestor
     else:
         step[field] = ancestor
     report = check(document)
