@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,11 +16,19 @@ from .harness import Cluster
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """One embedded PostgreSQL 18 for this test process."""
-    running = Cluster(tmp_path_factory.mktemp("cluster"))
-    yield running
-    running.stop()
+def cluster() -> Iterator[Cluster]:
+    """One embedded PostgreSQL 18 for this test process, in a directory of its own: run as
+    root, the tests have PostgreSQL run as the wheel's own user, and pg_ctl (a restart)
+    must reach its data directory whatever mode pytest gives its temporary root, which
+    another pytest session on the machine may set to 0700 at any time."""
+    directory = Path(tempfile.mkdtemp(prefix="coordinator-cluster-"))
+    directory.chmod(0o755)
+    running = Cluster(directory)
+    try:
+        yield running
+    finally:
+        running.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
