@@ -18,18 +18,33 @@ test *args: lint
 
 # ruff (lint and format) and mypy
 lint:
-    {{bin}}/ruff check src tests bench
-    {{bin}}/ruff format --check src tests bench
+    {{bin}}/ruff check src tests bench mutation
+    {{bin}}/ruff format --check src tests bench mutation
     {{bin}}/mypy
 
 # Rewrite the code in the project's format
 fmt:
-    {{bin}}/ruff format src tests bench
-    {{bin}}/ruff check --fix src tests bench
+    {{bin}}/ruff format src tests bench mutation
+    {{bin}}/ruff check --fix src tests bench mutation
 
 # Check and test every workflow under workflows/
 workflows:
     for w in workflows/*/; do {{bin}}/coordinator check "$w" && {{bin}}/coordinator test "$w"; done
+
+# Mutation testing (not part of `test`): both parts below, each reported; docs/mutation-testing.md
+mutants:
+    status=0; {{just_executable()}} mutants-pure || status=1; {{just_executable()}} mutants-durability || status=1; exit $status
+
+# mutmut over steps, expressions, checker and canonical with their fast tests; kill rate per module
+mutants-pure:
+    [ -x {{bin}}/mutmut ] || {{bin}}/python -m pip install --quiet -e '.[mutants]'
+    rm -rf mutants
+    PYTHONPATH="{{justfile_directory()}}/mutation" {{bin}}/mutmut run --max-children 2
+    {{bin}}/python mutation/scores.py
+
+# The curated durability mutations (mutation/durability.yaml): each must fail its named tests
+mutants-durability *ids:
+    {{bin}}/python mutation/durability.py {{ids}}
 
 # Benchmarks (not part of the tests): just bench [throughput wake timers idle recovery]
 bench *args:
