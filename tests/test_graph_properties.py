@@ -17,23 +17,21 @@ import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from .test_properties import TUTORIAL, TUTORIAL_DIGEST, check, dags, digest_of_yaml, edges
+from .test_properties import (
+    TUTORIAL,
+    TUTORIAL_DIGEST,
+    check,
+    dags,
+    digest_of_yaml,
+    edges,
+    reachable,
+)
 
 JSON = Any
 #: What a generated workflow may be refused for besides data flow: the generator leaves
 #: steps unreachable, and connections unused, by chance.
 INCIDENTAL = {"workflow.unreachable-step", "connection.unused"}
 PRODUCES_DATA = ("call", "wait-for")
-
-
-def reachable(graph: dict[str, list[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        node = todo.pop()
-        if node not in seen:
-            seen.add(node)
-            todo.extend(graph[node])
-    return seen
 
 
 def available(document: JSON, root: str, target: str, reader: str) -> bool:

@@ -114,14 +114,18 @@ def edges(document: JSON) -> dict[str, list[str]]:
     return out
 
 
-def reachable_from(document: JSON, start: str) -> set[str]:
-    graph, seen, todo = edges(document), set(), [start]
+def reachable(graph: dict[str, list[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
     while todo:
         node = todo.pop()
         if node not in seen:
             seen.add(node)
             todo.extend(graph[node])
     return seen
+
+
+def reachable_from(document: JSON, start: str) -> set[str]:
+    return reachable(edges(document), start)
 
 
 def check(document: JSON) -> CheckReport:
