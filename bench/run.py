@@ -48,7 +48,7 @@ from tests.harness import (  # noqa: E402
     write_config,
 )
 
-from registry_coordinator.database import sync_connection  # noqa: E402
+from registry_coordinator.engine.database import sync_connection  # noqa: E402
 
 PGBENCH = PG_BIN / "pgbench"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # database first: it imports trio_asyncio before psycopg, as psycopg requires under Trio.
-import registry_coordinator.database  # noqa: F401
+import registry_coordinator.engine.database  # noqa: F401
 
 from .harness import Cluster
 

@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 import trio_asyncio
 
-from registry_coordinator import store
-from registry_coordinator.artifact import check_source
-from registry_coordinator.database import Database, sync_connection
-from registry_coordinator.definition import Definition
-from registry_coordinator.embedded import EmbeddedPostgres
-from registry_coordinator.migrations import migrate as migrate_schema
-from registry_coordinator.webhooks import SIGNATURE_HEADER, sign
+from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.engine import store
+from registry_coordinator.engine.database import Database, sync_connection
+from registry_coordinator.engine.embedded import EmbeddedPostgres
+from registry_coordinator.engine.migrations import migrate as migrate_schema
+from registry_coordinator.http.webhooks import SIGNATURE_HEADER, sign
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / "workflows"

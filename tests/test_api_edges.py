@@ -21,16 +21,16 @@ from typing import Any
 import httpx
 import pytest
 
-from registry_coordinator import admission
-from registry_coordinator.artifact import check_source
-from registry_coordinator.auth import Caller
-from registry_coordinator.config import Policy
-from registry_coordinator.database import Database, sync_connection
-from registry_coordinator.metrics import Metrics
-from registry_coordinator.operations import set_admission
-from registry_coordinator.problems import Problem
-from registry_coordinator.timers import Timer
-from registry_coordinator.workflows import Pinned, Workflows
+from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.engine.config import Policy
+from registry_coordinator.engine.database import Database, sync_connection
+from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.timers import Timer
+from registry_coordinator.engine.workflows import Pinned, Workflows
+from registry_coordinator.http import admission
+from registry_coordinator.http.auth import Caller
+from registry_coordinator.http.operations import set_admission
+from registry_coordinator.http.problems import Problem
 
 from .harness import (
     TEST_WORKFLOWS,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from registry_coordinator.artifact import FORMAT, load, load_file
-from registry_coordinator.canonical import canonical_bytes
-from registry_coordinator.diagnostics import Refused
+from registry_coordinator.authoring.artifact import FORMAT, load, load_file
+from registry_coordinator.authoring.canonical import canonical_bytes
+from registry_coordinator.authoring.diagnostics import Refused
 
 from .harness import WORKFLOWS, coordinator
 

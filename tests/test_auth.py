@@ -20,7 +20,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry_coordinator.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER
+from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER
 
 from .harness import Service, coordinator, migrate, running, write_config
 

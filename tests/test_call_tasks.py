@@ -17,16 +17,17 @@ import pytest
 import trio
 from trio import fail_after
 
-from registry_coordinator import operations, store
-from registry_coordinator.calls import Calls, Sending, open_products
-from registry_coordinator.config import Config, load_config
-from registry_coordinator.database import Database, StatementFailed, sync_connection
-from registry_coordinator.definition import Definition
-from registry_coordinator.metrics import Metrics
-from registry_coordinator.standins import StandIn, Tokens
-from registry_coordinator.steps import Held, Request, Send, on_due
-from registry_coordinator.timers import Timer
-from registry_coordinator.workflows import Workflows
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.devtools.standins import StandIn, Tokens
+from registry_coordinator.engine import store
+from registry_coordinator.engine.calls import Calls, Sending, open_products
+from registry_coordinator.engine.config import Config, load_config
+from registry_coordinator.engine.database import Database, StatementFailed, sync_connection
+from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.timers import Timer
+from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.http import operations
+from registry_coordinator.semantics.steps import Held, Request, Send, on_due
 
 from .harness import STANDIN_TOKEN, admit, connection, database, events, free_port, write_config
 from .interleave import Failing, Paused

@@ -10,7 +10,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from registry_coordinator.database import sync_connection
+from registry_coordinator.engine.database import sync_connection
 
 from .harness import (
     Service,

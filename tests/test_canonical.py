@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry_coordinator.canonical import (
+from registry_coordinator.authoring.canonical import (
     CanonicalError,
     UnusableJson,
     canonical_bytes,

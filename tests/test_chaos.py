@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from registry_coordinator.database import sync_connection
+from registry_coordinator.engine.database import sync_connection
 
 from .harness import (
     STANDIN_TOKEN,

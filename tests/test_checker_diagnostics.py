@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from registry_coordinator.artifact import check_source, load
-from registry_coordinator.canonical import canonical_bytes
-from registry_coordinator.checker import MAX_CONNECTIONS
-from registry_coordinator.diagnostics import Diagnostic, Position, Refused
+from registry_coordinator.authoring.artifact import check_source, load
+from registry_coordinator.authoring.canonical import canonical_bytes
+from registry_coordinator.authoring.checker import MAX_CONNECTIONS
+from registry_coordinator.authoring.diagnostics import Diagnostic, Position, Refused
 
 from .harness import WORKFLOWS
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import jwt
 import pytest
 
-from registry_coordinator.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path
-from registry_coordinator.config import DEFAULT_MAX_LIFETIME
-from registry_coordinator.durations import format_duration
+from registry_coordinator.authoring.durations import format_duration
+from registry_coordinator.engine.config import DEFAULT_MAX_LIFETIME
+from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path
 
 from .harness import CORPUS, WORKFLOWS, coordinator, write_config
 

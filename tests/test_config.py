@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from registry_coordinator.config import load_config
-from registry_coordinator.diagnostics import Refused
+from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.engine.config import load_config
 
 from .harness import ROOT, coordinator
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from registry_coordinator.artifact import check_source
-from registry_coordinator.diagnostics import CODES, Severity
+from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.authoring.diagnostics import CODES, Severity
 
 from .harness import CORPUS, coordinator
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from registry_coordinator.artifact import check_source
+from registry_coordinator.authoring.artifact import check_source
 
 from .harness import CORPUS
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from registry_coordinator.diagnostics import CODES
-from registry_coordinator.failures import FailureCode, HoldCode
-from registry_coordinator.problems import CODES as PROBLEMS
+from registry_coordinator.authoring.diagnostics import CODES
+from registry_coordinator.http.problems import CODES as PROBLEMS
+from registry_coordinator.semantics.codes import FailureCode, HoldCode
 
 from .harness import ROOT
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from registry_coordinator.database import QUERIES, sync_connection
+from registry_coordinator.engine.database import QUERIES, sync_connection
 
 from .harness import Cluster, Service, migrate, old_postgres, running, wait_for, write_config
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from registry_coordinator.expressions import (
+from registry_coordinator.authoring.expressions import (
     CompileError,
     Environment,
     EvaluationError,

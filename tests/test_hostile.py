@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from registry_coordinator.canonical import canonical_bytes, digest_of
-from registry_coordinator.database import sync_connection
+from registry_coordinator.authoring.canonical import canonical_bytes, digest_of
+from registry_coordinator.engine.database import sync_connection
 
 from .harness import (
     Service,

@@ -24,9 +24,9 @@ import httpx
 import pytest
 import trio
 
-from registry_coordinator.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, Authenticator
-from registry_coordinator.config import AuthConfig, load_config
-from registry_coordinator.problems import Problem
+from registry_coordinator.engine.config import AuthConfig, load_config
+from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, Authenticator
+from registry_coordinator.http.problems import Problem
 
 from .harness import Service, coordinator, migrate, running, write_config
 from .test_auth import KEYS, POLICIES, call, jwks, token

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from registry_coordinator.database import sync_connection
+from registry_coordinator.engine.database import sync_connection
 
 from .harness import (
     STANDIN_TOKEN,

@@ -13,8 +13,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from registry_coordinator.artifact import build
-from registry_coordinator.canonical import (
+from registry_coordinator.authoring.artifact import build
+from registry_coordinator.authoring.canonical import (
     MAX_NESTING,
     UnusableJson,
     canonical_bytes,
@@ -22,13 +22,18 @@ from registry_coordinator.canonical import (
     nesting,
     strict_json,
 )
-from registry_coordinator.catalog import builtin_catalog
-from registry_coordinator.checker import CheckReport, check_document
-from registry_coordinator.durations import format_duration, parse_duration
-from registry_coordinator.expressions import Environment, EvaluationError, Scope, variables
-from registry_coordinator.source import SourceMap, load_yaml
-from registry_coordinator.steps import BACKOFF_CAP, backoff
-from registry_coordinator.store import wait_due
+from registry_coordinator.authoring.catalog import builtin_catalog
+from registry_coordinator.authoring.checker import CheckReport, check_document
+from registry_coordinator.authoring.durations import format_duration, parse_duration
+from registry_coordinator.authoring.expressions import (
+    Environment,
+    EvaluationError,
+    Scope,
+    variables,
+)
+from registry_coordinator.authoring.source import SourceMap, load_yaml
+from registry_coordinator.engine.store import wait_due
+from registry_coordinator.semantics.steps import BACKOFF_CAP, backoff
 
 from .harness import WORKFLOWS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from registry_coordinator.database import QUERIES, sync_connection
+from registry_coordinator.engine.database import QUERIES, sync_connection
 
 from .harness import Cluster, migrate, write_config
 
@@ -42,6 +42,7 @@ def test_queries_are_named_uniquely() -> None:
         Path(__file__).resolve().parent.parent
         / "src"
         / "registry_coordinator"
+        / "engine"
         / "sql"
         / "queries.sql"
     ).read_text()

@@ -16,12 +16,12 @@ from functools import partial
 import pytest
 import trio
 
-from registry_coordinator import store
-from registry_coordinator.database import Database, Unavailable
-from registry_coordinator.definition import Definition
-from registry_coordinator.metrics import Metrics
-from registry_coordinator.steps import Await, Send, on_due, result_arrived, settle
-from registry_coordinator.timers import Timer
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.engine import store
+from registry_coordinator.engine.database import Database, Unavailable
+from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.timers import Timer
+from registry_coordinator.semantics.steps import Await, Send, on_due, result_arrived, settle
 
 from .harness import admit, database, events
 from .interleave import Failing, Paused, rival_while_paused, rival_while_uncommitted

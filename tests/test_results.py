@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from registry_coordinator.database import QUERIES, sync_connection
-from registry_coordinator.webhooks import SIGNATURE_HEADER
+from registry_coordinator.engine.database import QUERIES, sync_connection
+from registry_coordinator.http.webhooks import SIGNATURE_HEADER
 
 from .harness import (
     STANDIN_TOKEN,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from registry_coordinator.diagnostics import Refused
-from registry_coordinator.source import MAX_DEPTH, load_yaml
+from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.authoring.source import MAX_DEPTH, load_yaml
 
 from .harness import WORKFLOWS, coordinator
 

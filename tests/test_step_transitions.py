@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from registry_coordinator.artifact import check_source
-from registry_coordinator.definition import Definition
-from registry_coordinator.failures import FailureCode, HoldCode
-from registry_coordinator.steps import (
+from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.semantics.codes import FailureCode, HoldCode
+from registry_coordinator.semantics.steps import (
     MAX_DETAIL,
     Advance,
     Await,

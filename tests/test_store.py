@@ -7,12 +7,20 @@ from datetime import timedelta
 
 import pytest
 
-from registry_coordinator import store
-from registry_coordinator.artifact import check_source
-from registry_coordinator.database import Database, sync_connection
-from registry_coordinator.definition import Definition
-from registry_coordinator.expressions import format_instant
-from registry_coordinator.steps import Advance, Reply, ReplyKind, Send, Sleep, on_due, settle
+from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.authoring.expressions import format_instant
+from registry_coordinator.engine import store
+from registry_coordinator.engine.database import Database, sync_connection
+from registry_coordinator.semantics.steps import (
+    Advance,
+    Reply,
+    ReplyKind,
+    Send,
+    Sleep,
+    on_due,
+    settle,
+)
 
 from .harness import TEST_WORKFLOWS, database, events
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from registry_coordinator import store
-from registry_coordinator.artifact import check_source
-from registry_coordinator.database import sync_connection
-from registry_coordinator.expressions import format_instant
-from registry_coordinator.steps import Advance, Sleep, on_due
+from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.authoring.expressions import format_instant
+from registry_coordinator.engine import store
+from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.semantics.steps import Advance, Sleep, on_due
 
 from .harness import (
     TEST_WORKFLOWS,

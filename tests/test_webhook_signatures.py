@@ -15,8 +15,8 @@ import hmac
 
 import pytest
 
-from registry_coordinator.problems import Problem
-from registry_coordinator.webhooks import sign, verify
+from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.webhooks import sign, verify
 
 SECRET = "a-connections-secret"
 BODY = b'{"result":"review-decision","key":"rev-1","eventId":"evt-1"}'

@@ -16,14 +16,21 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from . import __version__, remote
-from .artifact import Checked, check_source, load_file, workflow_file, write
-from .diagnostics import Diagnostic, Refused, Severity, sort_key
-from .drawing import dot, mermaid
-from .durations import format_duration
-from .graph import Facts, facts
-from .scenarios import read_scenarios, run_all
-from .source import load_yaml, read_source
+from registry_coordinator import __version__
+from registry_coordinator.authoring.artifact import (
+    Checked,
+    check_source,
+    load_file,
+    workflow_file,
+    write,
+)
+from registry_coordinator.authoring.diagnostics import Diagnostic, Refused, Severity, sort_key
+from registry_coordinator.authoring.drawing import dot, mermaid
+from registry_coordinator.authoring.durations import format_duration
+from registry_coordinator.authoring.graph import Facts, facts
+from registry_coordinator.authoring.source import load_yaml, read_source
+from registry_coordinator.http import remote
+from registry_coordinator.semantics.scenarios import read_scenarios, run_all
 
 OK, INVALID, USAGE, UNAVAILABLE = 0, 1, 2, 3
 
@@ -355,9 +362,9 @@ def _graph(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .service import serve
-    from .workflows import Workflows
+    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.engine.workflows import Workflows
+    from registry_coordinator.service import serve
 
     _logging()
     config = load_config(args.config)
@@ -369,9 +376,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     import trio_asyncio
 
-    from .config import load_config
-    from .migrations import check_server, migrate
-    from .service import open_database_unchecked
+    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.engine.migrations import check_server, migrate
+    from registry_coordinator.service import open_database_unchecked
 
     _logging()
     config = load_config(args.config)
@@ -389,8 +396,14 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from .auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, development_key, jwks_path, mint
-    from .durations import DurationError, parse_duration
+    from registry_coordinator.authoring.durations import DurationError, parse_duration
+    from registry_coordinator.http.auth import (
+        DEVELOPMENT_AUDIENCE,
+        DEVELOPMENT_ISSUER,
+        development_key,
+        jwks_path,
+        mint,
+    )
 
     try:
         lifetime = parse_duration(args.lifetime)
@@ -443,7 +456,7 @@ def _lifetime_cap(config_file: Path | None) -> tuple[timedelta, str]:
     The file is read with the service's own loader (its secrets resolved too), so one
     that ``serve`` would refuse is reported here rather than trusted for its cap.
     """
-    from .config import DEFAULT_MAX_LIFETIME, load_config
+    from registry_coordinator.engine.config import DEFAULT_MAX_LIFETIME, load_config
 
     if config_file is None:
         return DEFAULT_MAX_LIFETIME, "the default auth.maxLifetime; no --config given"
@@ -460,7 +473,13 @@ def _stand_ins(args: argparse.Namespace) -> int:
 
     import trio
 
-    from .standins import IDP, PRODUCTS, Client, Webhook, serve_stand_ins
+    from registry_coordinator.devtools.standins import (
+        IDP,
+        PRODUCTS,
+        Client,
+        Webhook,
+        serve_stand_ins,
+    )
 
     names = (*PRODUCTS, IDP)
 
@@ -513,9 +532,9 @@ def _run_service(main: Callable[[], Awaitable[None]]) -> int:
     """Run a Trio entry point; startup refusals become one line and an exit code."""
     import trio
 
-    from .database import Unavailable
-    from .embedded import EmbeddedError
-    from .migrations import SchemaMismatch
+    from registry_coordinator.engine.database import Unavailable
+    from registry_coordinator.engine.embedded import EmbeddedError
+    from registry_coordinator.engine.migrations import SchemaMismatch
 
     try:
         trio.run(main)
@@ -536,13 +555,13 @@ def _run_service(main: Callable[[], Awaitable[None]]) -> int:
 
 
 def _logging() -> None:
-    from .logs import configure
+    from registry_coordinator.engine.logs import configure
 
     configure()
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo
+    from registry_coordinator.devtools.demo import main as demo
 
     return demo(args.data, args.workflows, args.interactive, args.keep_running)
 

@@ -26,20 +26,20 @@ import trio_asyncio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from . import faults, store
-from .api import Context, create_app
-from .auth import Authenticator
-from .calls import Calls, Product, open_products
-from .config import Config
-from .database import Database
-from .embedded import EmbeddedPostgres
-from .listener import Listener
-from .metrics import Metrics
-from .migrations import check_server, migrate, require_current
-from .systemd import Notifier
-from .timers import Timer
-from .worker import Engine
-from .workflows import Workflows
+from registry_coordinator.engine import faults, store
+from registry_coordinator.engine.calls import Calls, Product, open_products
+from registry_coordinator.engine.config import Config
+from registry_coordinator.engine.database import Database
+from registry_coordinator.engine.embedded import EmbeddedPostgres
+from registry_coordinator.engine.listener import Listener
+from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.migrations import check_server, migrate, require_current
+from registry_coordinator.engine.systemd import Notifier
+from registry_coordinator.engine.timers import Timer
+from registry_coordinator.engine.worker import Engine
+from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.http.api import Context, create_app
+from registry_coordinator.http.auth import Authenticator
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,64 @@
+"""A checked workflow, ready to run: steps, their catalog contracts, compiled expressions.
+
+Only :mod:`checker` makes a :class:`Definition`, so holding one means every
+reference resolves, the graph is acyclic and every expression compiled in the
+scope of its step. The offline test runner and the engine both run from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.authoring.catalog import Catalog, Operation, Result
+from registry_coordinator.authoring.expressions import Compiled, Scope, Template, render
+from registry_coordinator.authoring.workflow import Step, Workflow
+
+
+@dataclass(frozen=True)
+class Definition:
+    workflow: Workflow
+    catalog: Catalog
+    operations: dict[str, Operation]  # call step id -> its operation
+    results: dict[str, Result]  # wait-for step id -> its result
+    scopes: dict[str, Scope]
+    templates: dict[str, Template]  # call input / finish output by step id
+    programs: dict[str, dict[str, Compiled]]  # step id -> expression source -> program
+    _validators: dict[int, jsonschema.Draft202012Validator] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    @property
+    def id(self) -> str:
+        return self.workflow.id
+
+    @property
+    def version(self) -> str:
+        return self.workflow.version
+
+    def step(self, step_id: str) -> Step:
+        return self.workflow.steps[step_id]
+
+    def expression(self, step_id: str, source: str) -> Compiled:
+        return self.programs[step_id][source]
+
+    def render(self, step_id: str, variables: Mapping[str, Any]) -> JSON:
+        """Evaluate a call's input or a finish's output for a run."""
+        return render(self.templates[step_id], self.programs[step_id], variables)
+
+    def schema_errors(self, schema: JSON, value: JSON) -> list[str]:
+        """Messages for ``value`` against a JSON Schema of this definition, first few only."""
+        # Schemas belong to this immutable definition, so their ids are stable keys.
+        validator = self._validators.get(id(schema))
+        if validator is None:
+            validator = jsonschema.Draft202012Validator(schema)
+            self._validators[id(schema)] = validator
+        messages = []
+        for error in sorted(validator.iter_errors(value), key=lambda e: list(e.path))[:5]:
+            where = "/".join(str(p) for p in error.absolute_path)
+            messages.append(f"{where or '(top)'}: {error.message}")
+        return messages

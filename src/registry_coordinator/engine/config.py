@@ -1,0 +1,613 @@
+"""The service configuration: one YAML file, every problem reported at once.
+
+Relative paths are taken from the configuration file's directory, so a file and
+the artifacts beside it can move together. Secrets are never values in the file:
+fields that hold one take ``env:NAME`` or ``file:/path`` and are resolved when
+the file is read, so a missing secret stops startup with the field's position.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.authoring.fields import Reader, describe
+from registry_coordinator.authoring.source import DataPath, load_yaml, read_source
+from registry_coordinator.authoring.workflow import NAME
+from registry_coordinator.engine.database import has_password
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    dsn: str | None  # resolved; None in embedded mode
+    embedded: Path | None  # the embedded cluster's data directory
+    pool_size: int
+
+
+@dataclass(frozen=True)
+class PinnedWorkflow:
+    artifact: Path
+    digest: str
+    path: DataPath  # where in the configuration it was pinned
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    workers: int
+    lease: timedelta
+    sweep_interval: timedelta
+    shutdown_grace: timedelta
+
+
+@dataclass(frozen=True)
+class Bearer:
+    """A static token the operator provisioned for Coordinator at this product."""
+
+    token: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ClientCredentials:
+    """OAuth 2 client credentials, authenticated by a secret or a private-key JWT."""
+
+    token_url: str
+    client_id: str
+    client_secret: str | None = field(repr=False)
+    private_key: str | None = field(repr=False)  # PEM
+    key_id: str | None
+    algorithm: str
+    scopes: tuple[str, ...]
+    audience: str | None
+
+
+Identity = Bearer | ClientCredentials
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    name: str
+    product: str
+    base_url: str
+    identity: Identity
+    webhook_secret: str | None = field(repr=False)
+    pool_size: int
+    connect_timeout: timedelta
+    request_timeout: timedelta
+    response_limit: int
+    result_poll: timedelta  # how often a waiting run reads its result if no webhook comes
+    path: DataPath
+
+
+ACTIONS = ("start", "read", "cancel")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a client holding some scopes may do: start and see runs of some workflows,
+    or everything, as an operator."""
+
+    client: str
+    scopes: frozenset[str]
+    workflows: frozenset[str]  # "*" for all
+    actions: frozenset[str]
+    operator: bool
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    mode: str  # "jwt", or "none" for local development on a loopback address only
+    jwks_file: Path | None
+    jwks_url: str | None
+    issuer: str | None
+    audience: str | None
+    max_lifetime: timedelta
+    policies: tuple[Policy, ...]
+    jwks_refresh: timedelta  # how often the key set is re-read (a URL's max-age may shorten it)
+    jwks_max_stale: timedelta  # how long the last good set is used while reads fail
+
+
+@dataclass(frozen=True)
+class Config:
+    file: Path
+    database: DatabaseConfig
+    host: str
+    port: int
+    workflows: tuple[PinnedWorkflow, ...]
+    connections: dict[str, ConnectionConfig]
+    engine: EngineConfig
+    request_body_limit: int
+    auth: AuthConfig
+
+
+def resolve_secret(reference: str) -> str:
+    """The value behind ``env:NAME`` or ``file:/path``; raises ValueError saying what is missing."""
+    if reference.startswith("env:"):
+        name = reference[4:]
+        value = os.environ.get(name)
+        if not value:
+            raise ValueError(f"the environment variable {name} is not set")
+        return value
+    if reference.startswith("file:"):
+        path = Path(reference[5:])
+        try:
+            return path.read_text("utf-8").rstrip("\n")
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    raise ValueError("a secret must be a reference: env:NAME or file:/path")
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate a configuration file; raises :class:`Refused` with every problem."""
+    document, source = load_yaml(read_source(path), str(path))
+    reader = Reader(source)
+    base = path.resolve().parent
+    root = reader.mapping(document, (), "the configuration") or {}
+    reader.fields(
+        root,
+        (),
+        "the configuration",
+        ["database", "workflows", "auth"],
+        ["listen", "connections", "engine", "limits"],
+    )
+    database = _database(reader, root.get("database"), base)
+    host, port = _listen(reader, root.get("listen", {}))
+    workflows = _workflows(reader, root.get("workflows"), base)
+    connections = _connections(reader, root.get("connections", {}))
+    engine = _engine(reader, root.get("engine", {}))
+    limits = reader.mapping(root.get("limits", {}), ("limits",), "limits") or {}
+    reader.fields(limits, ("limits",), "limits", [], ["requestBody"])
+    body_limit = _integer(reader, limits, "requestBody", ("limits",), 64 * 1024, 1024, 16 << 20)
+    auth = _auth(reader, root.get("auth"), base, host) if "auth" in root else None
+    if reader.diagnostics:
+        raise Refused(reader.diagnostics)
+    assert database is not None and engine is not None and auth is not None
+    return Config(path, database, host, port, workflows, connections, engine, body_limit, auth)
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+DEFAULT_MAX_LIFETIME = timedelta(hours=1)  # auth.maxLifetime; also coordinator token's cap
+#: The shortest interval between scheduled reads of the issuer's key set.
+MINIMUM_JWKS_REFRESH = timedelta(seconds=1)
+
+
+def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | None:
+    path: DataPath = ("auth",)
+    data = reader.mapping(value, path, "auth")
+    if data is None:
+        return None
+    mode = reader.string(data, "mode", path, "auth")
+    if mode == "none":
+        reader.fields(data, path, "auth", ["mode"])
+        if host not in LOOPBACK:
+            reader.report(
+                "config.invalid-value",
+                f"auth mode none lets every caller act as an operator, and listen.host {host} "
+                "is not a loopback address",
+                "configure auth: {mode: jwt, ...}, or listen on 127.0.0.1 for local development",
+                (*path, "mode"),
+            )
+        no_keys = timedelta(0)  # mode none reads no key set
+        return AuthConfig(
+            "none", None, None, None, None, DEFAULT_MAX_LIFETIME, (), no_keys, no_keys
+        )
+    optional = ["jwksFile", "jwksUrl", "maxLifetime", "jwksRefresh", "jwksMaxStale"]
+    reader.fields(data, path, "auth", ["mode", "issuer", "audience", "policies"], optional)
+    if mode != "jwt":
+        reader.report(
+            "config.invalid-value",
+            f"auth mode {mode!r} is not jwt or none",
+            "write auth: {mode: jwt, ...}",
+            (*path, "mode"),
+        )
+        return None
+    if ("jwksFile" in data) == ("jwksUrl" in data):
+        reader.report(
+            "config.invalid-value",
+            "auth needs exactly one of jwksFile and jwksUrl",
+            "give the JWKS of the token issuer as a file or an https URL",
+            path,
+        )
+        return None
+    jwks_file = reader.string(data, "jwksFile", path, "auth")
+    jwks_url = reader.string(data, "jwksUrl", path, "auth")
+    if jwks_url is not None and not _safe_jwks_url(jwks_url):
+        reader.report(
+            "config.invalid-value",
+            f"auth jwksUrl {jwks_url!r} is not an https URL, and the keys that decide who "
+            "may act must not be open to tampering on the way",
+            "serve the JWKS over https; plain http is allowed only to 127.0.0.1, ::1 or "
+            "localhost, for development",
+            (*path, "jwksUrl"),
+        )
+    lifetime = _duration(
+        reader, data, "maxLifetime", path, DEFAULT_MAX_LIFETIME, timedelta(seconds=10)
+    )
+    refresh = _duration(
+        reader, data, "jwksRefresh", path, timedelta(minutes=5), MINIMUM_JWKS_REFRESH
+    )
+    # Twice the refresh at least, so that a failed read is retried before tokens are refused.
+    least = 2 * refresh
+    max_stale = _duration(reader, data, "jwksMaxStale", path, max(timedelta(hours=1), least), least)
+    policies = []
+    items = data.get("policies")
+    if not isinstance(items, list):
+        reader.report(
+            "field.type",
+            "auth policies must be a list",
+            "list one policy per client",
+            (*path, "policies"),
+        )
+        items = []
+    for index, item in enumerate(items):
+        at = (*path, "policies", index)
+        entry = reader.mapping(item, at, "a policy")
+        if entry is None:
+            continue
+        reader.fields(
+            entry, at, "a policy", ["client"], ["scopes", "workflows", "actions", "operator"]
+        )
+        lists = {}
+        for name in ("scopes", "workflows", "actions"):
+            got = entry.get(name, [])
+            if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
+                reader.report(
+                    "field.type",
+                    f"a policy's {name} must be a list of strings",
+                    f"write {name}: [a, b]",
+                    (*at, name),
+                )
+                got = []
+            lists[name] = frozenset(got)
+        unknown = lists["actions"] - set(ACTIONS)
+        if unknown:
+            reader.report(
+                "config.invalid-value",
+                f"unknown actions {sorted(unknown)}; a policy grants {', '.join(ACTIONS)}",
+                "operators get every action with operator: true",
+                (*at, "actions"),
+            )
+        operator = entry.get("operator", False)
+        if not isinstance(operator, bool):
+            reader.report(
+                "field.type",
+                "operator must be true or false",
+                "write operator: true",
+                (*at, "operator"),
+            )
+            operator = False
+        client = reader.string(entry, "client", at, "a policy")
+        if client:
+            policies.append(
+                Policy(client, lists["scopes"], lists["workflows"], lists["actions"], operator)
+            )
+    return AuthConfig(
+        "jwt",
+        (base / jwks_file).resolve() if jwks_file else None,
+        jwks_url,
+        reader.string(data, "issuer", path, "auth"),
+        reader.string(data, "audience", path, "auth"),
+        lifetime,
+        tuple(policies),
+        refresh,
+        max_stale,
+    )
+
+
+def _safe_jwks_url(url: str) -> bool:
+    """An https URL, or plain http to this machine's loopback (for development)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # an unclosed [IPv6 address
+        return False
+    return bool(host) and (parts.scheme == "https" or (parts.scheme == "http" and host in LOOPBACK))
+
+
+def _integer(
+    reader: Reader,
+    data: dict[str, JSON],
+    name: str,
+    path: DataPath,
+    default: int,
+    low: int,
+    high: int,
+) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        reader.report(
+            "config.invalid-value",
+            f"{name} must be a whole number from {low} to {high}, not {describe(value)}",
+            f"give {name} a value from {low} to {high}",
+            (*path, name),
+        )
+        return default
+    return value
+
+
+def _database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | None:
+    path: DataPath = ("database",)
+    data = reader.mapping(value, path, "database")
+    if data is None:
+        return None
+    reader.fields(data, path, "database", [], ["dsn", "embedded", "poolSize"])
+    pool_size = _integer(reader, data, "poolSize", path, 10, 2, 200)
+    if ("dsn" in data) == ("embedded" in data):
+        reader.report(
+            "config.invalid-value",
+            "database needs exactly one of dsn and embedded",
+            "give dsn: env:NAME for a PostgreSQL server, or embedded: {dataDirectory: DIR}",
+            path,
+        )
+        return None
+    if "embedded" in data:
+        embedded = reader.mapping(data["embedded"], (*path, "embedded"), "embedded") or {}
+        reader.fields(embedded, (*path, "embedded"), "embedded", ["dataDirectory"])
+        directory = reader.string(embedded, "dataDirectory", (*path, "embedded"), "embedded")
+        return DatabaseConfig(None, (base / directory).resolve() if directory else None, pool_size)
+    dsn = reader.string(data, "dsn", path, "database")
+    if dsn is None:
+        return None
+    if not dsn.startswith(("env:", "file:")):
+        try:
+            secret = has_password(dsn)
+        except ValueError:
+            reader.report(
+                "config.invalid-value",
+                "dsn is not a PostgreSQL connection string",
+                "write postgresql://user@host:port/database",
+                (*path, "dsn"),
+            )
+            return None
+        if secret:
+            reader.report(
+                "config.secret-literal",
+                "dsn holds a password, and secrets must not be written in the configuration",
+                "put the connection string in an environment variable or file: dsn: env:NAME",
+                (*path, "dsn"),
+            )
+            return None
+        return DatabaseConfig(dsn, None, pool_size)
+    try:
+        return DatabaseConfig(resolve_secret(dsn), None, pool_size)
+    except ValueError as exc:
+        reader.report(
+            "config.secret-unavailable",
+            f"dsn: {exc}",
+            "set the variable or create the file before starting",
+            (*path, "dsn"),
+        )
+        return None
+
+
+def _listen(reader: Reader, value: JSON) -> tuple[str, int]:
+    path: DataPath = ("listen",)
+    data = reader.mapping(value, path, "listen") or {}
+    reader.fields(data, path, "listen", [], ["host", "port"])
+    host = reader.string(data, "host", path, "listen") or "127.0.0.1"
+    return host, _integer(reader, data, "port", path, 8080, 0, 65535)
+
+
+def _workflows(reader: Reader, value: JSON, base: Path) -> tuple[PinnedWorkflow, ...]:
+    path: DataPath = ("workflows",)
+    if not isinstance(value, list):
+        if value is not None:
+            reader.report(
+                "field.type",
+                f"workflows must be a list, not {describe(value)}",
+                "list pinned artifacts: '- artifact: FILE' and 'digest: sha256:...'",
+                path,
+            )
+        return ()
+    pinned = []
+    for index, item in enumerate(value):
+        at = (*path, index)
+        data = reader.mapping(item, at, "a pinned workflow")
+        if data is None or not reader.fields(data, at, "a pinned workflow", ["artifact", "digest"]):
+            continue
+        artifact = reader.string(data, "artifact", at, "a pinned workflow")
+        digest = reader.string(data, "digest", at, "a pinned workflow")
+        if digest is not None and not (digest.startswith("sha256:") and len(digest) == 71):
+            reader.report(
+                "config.invalid-value",
+                f"digest {digest!r} is not sha256:<64 hex digits>",
+                "paste the digest coordinator package printed",
+                (*at, "digest"),
+            )
+            continue
+        if artifact and digest:
+            pinned.append(PinnedWorkflow((base / artifact).resolve(), digest, at))
+    return tuple(pinned)
+
+
+def _engine(reader: Reader, value: JSON) -> EngineConfig | None:
+    path: DataPath = ("engine",)
+    data = reader.mapping(value, path, "engine")
+    if data is None:
+        return None
+    reader.fields(data, path, "engine", [], ["workers", "lease", "sweepInterval", "shutdownGrace"])
+    workers = _integer(reader, data, "workers", path, 4, 1, 256)
+    lease = _duration(reader, data, "lease", path, timedelta(seconds=30), timedelta(seconds=2))
+    sweep = _duration(
+        reader, data, "sweepInterval", path, timedelta(seconds=30), timedelta(seconds=1)
+    )
+    grace = _duration(reader, data, "shutdownGrace", path, timedelta(seconds=10), timedelta(0))
+    return EngineConfig(workers, lease, sweep, grace)
+
+
+def _duration(
+    reader: Reader,
+    data: dict[str, JSON],
+    name: str,
+    path: DataPath,
+    default: timedelta,
+    low: timedelta,
+) -> timedelta:
+    if name not in data:
+        return default
+    value = reader.duration(data, name, path, str(path[0]) if path else "the configuration")
+    if value is None:
+        return default
+    if value < low:
+        reader.report(
+            "config.invalid-value",
+            f"{name} must be at least {low.total_seconds():g} seconds",
+            f"give {name} a longer duration",
+            (*path, name),
+        )
+    return value
+
+
+def _secret(
+    reader: Reader, data: dict[str, JSON], name: str, path: DataPath, what: str
+) -> str | None:
+    """A field that holds a secret: only a reference is accepted, and it must resolve."""
+    reference = reader.string(data, name, path, what)
+    if reference is None:
+        return None
+    if not reference.startswith(("env:", "file:")):
+        reader.report(
+            "config.secret-literal",
+            f"{what} {name} is written in the configuration, but it is a secret",
+            f"give a reference instead: {name}: env:NAME or {name}: file:/path",
+            (*path, name),
+        )
+        return None
+    try:
+        return resolve_secret(reference)
+    except ValueError as exc:
+        reader.report(
+            "config.secret-unavailable",
+            f"{what} {name}: {exc}",
+            "set the variable or create the file before starting",
+            (*path, name),
+        )
+        return None
+
+
+def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
+    path: DataPath = ("connections",)
+    data = reader.mapping(value, path, "connections") or {}
+    found = {}
+    for name, entry in data.items():
+        at = (*path, name)
+        what = f"connection {name}"
+        if not NAME.match(name):
+            reader.report(
+                "connection.bad-name",
+                f"the connection name {name!r} does not match {NAME.pattern}",
+                "use the workflow's local connection name",
+                at,
+                key=True,
+            )
+            continue
+        item = reader.mapping(entry, at, what)
+        if item is None:
+            continue
+        optional = ["webhookSecret", "poolSize", "connectTimeout", "requestTimeout", "resultPoll"]
+        reader.fields(
+            item, at, what, ["product", "baseUrl", "identity"], [*optional, "responseLimit"]
+        )
+        product = reader.string(item, "product", at, what)
+        base_url = reader.string(item, "baseUrl", at, what)
+        if base_url is not None and not base_url.startswith(("http://", "https://")):
+            reader.report(
+                "config.invalid-value",
+                f"{what} baseUrl must be an http or https URL",
+                "write the product's base URL, e.g. https://casework.example",
+                (*at, "baseUrl"),
+            )
+            base_url = None
+        identity = _identity(reader, item.get("identity"), (*at, "identity"), what)
+        webhook = (
+            _secret(reader, item, "webhookSecret", at, what) if "webhookSecret" in item else None
+        )
+        pool = _integer(reader, item, "poolSize", at, 4, 1, 256)
+        least = timedelta(milliseconds=100)
+        connect = _duration(reader, item, "connectTimeout", at, timedelta(seconds=5), least)
+        request = _duration(reader, item, "requestTimeout", at, timedelta(seconds=30), least)
+        limit = _integer(reader, item, "responseLimit", at, 1 << 20, 1024, 64 << 20)
+        poll = _duration(
+            reader, item, "resultPoll", at, timedelta(minutes=10), timedelta(seconds=1)
+        )
+        if product and base_url and identity:
+            found[name] = ConnectionConfig(
+                name,
+                product,
+                base_url.rstrip("/"),
+                identity,
+                webhook,
+                pool,
+                connect,
+                request,
+                limit,
+                poll,
+                at,
+            )
+    return found
+
+
+def _identity(reader: Reader, value: JSON, path: DataPath, what: str) -> Identity | None:
+    data = reader.mapping(value, path, f"{what} identity")
+    if data is None:
+        return None
+    if len(data) != 1 or next(iter(data)) not in ("bearer", "oauth2"):
+        reader.report(
+            "config.invalid-value",
+            f"{what} identity must be one of bearer or oauth2",
+            "write identity: {bearer: env:NAME} or identity: {oauth2: {...}}",
+            path,
+        )
+        return None
+    if "bearer" in data:
+        token = _secret(reader, data, "bearer", path, what)
+        return Bearer(token) if token else None
+    at = (*path, "oauth2")
+    item = reader.mapping(data["oauth2"], at, f"{what} oauth2") or {}
+    optional = ["clientSecret", "privateKey", "keyId", "algorithm", "scopes", "audience"]
+    reader.fields(item, at, f"{what} oauth2", ["tokenUrl", "clientId"], optional)
+    if ("clientSecret" in item) == ("privateKey" in item):
+        reader.report(
+            "config.invalid-value",
+            f"{what} oauth2 needs exactly one of clientSecret and privateKey",
+            "give clientSecret (client_secret_post) or privateKey (private_key_jwt)",
+            at,
+        )
+        return None
+    secret = _secret(reader, item, "clientSecret", at, what) if "clientSecret" in item else None
+    key = _secret(reader, item, "privateKey", at, what) if "privateKey" in item else None
+    algorithm = reader.string(item, "algorithm", at, what) or "RS256"
+    if algorithm not in ("RS256", "ES256", "EdDSA"):
+        reader.report(
+            "config.invalid-value",
+            f"{what} algorithm {algorithm!r} is not RS256, ES256 or EdDSA",
+            "choose the algorithm of the private key",
+            (*at, "algorithm"),
+        )
+    scopes = item.get("scopes", [])
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        reader.report(
+            "field.type",
+            f"{what} scopes must be a list of strings",
+            "write scopes: [scope.one, scope.two]",
+            (*at, "scopes"),
+        )
+        scopes = []
+    token_url = reader.string(item, "tokenUrl", at, what)
+    client_id = reader.string(item, "clientId", at, what)
+    if not token_url or not client_id or not (secret or key):
+        return None
+    return ClientCredentials(
+        token_url,
+        client_id,
+        secret,
+        key,
+        reader.string(item, "keyId", at, what),
+        algorithm,
+        tuple(scopes),
+        reader.string(item, "audience", at, what),
+    )

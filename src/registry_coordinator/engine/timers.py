@@ -1,0 +1,129 @@
+"""The timer service: wakes wait-untils when their instant comes, and idle workers
+when other work falls due.
+
+It holds two numbers — when the next wait-until falls due, and when any run does —
+never the waiting runs themselves, which live only in PostgreSQL. Wait-untils it
+takes on to their next step itself, many in one statement (``store.wake_sleepers``),
+so a burst of them falling due in the same second is on time however busy the
+workers are; then it wakes the workers to go on with those runs. Other due work
+(a wait-for's timeout, a call's retry, a deadline, a lapsed lease) is a worker's
+to take: the timer only wakes idle workers for it. It asks the database again when
+something earlier is scheduled, when a worker runs out of work, or after the sweep
+interval (the safety net for work another process scheduled).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import timedelta
+
+import trio
+
+from registry_coordinator.engine import store
+from registry_coordinator.engine.database import Database, Unavailable
+from registry_coordinator.engine.metrics import Metrics
+
+log = logging.getLogger(__name__)
+#: Wait-untils woken per statement: large enough that a burst costs a few statements,
+#: small enough that one statement holds its row locks only briefly.
+BATCH = 500
+#: How soon to look again at a wait-until that was due but not woken (a worker or an
+#: operator held it for that moment): soon, without spinning.
+RECHECK = 0.01
+
+
+class Timer:
+    def __init__(self, db: Database, sweep: timedelta, actor: str, metrics: Metrics) -> None:
+        self.db = db
+        self.sweep = sweep.total_seconds()
+        self.actor = actor  # recorded on the history events of the wait-untils it wakes
+        self.metrics = metrics
+        self._idle = trio.lowlevel.ParkingLot()
+        self._changed = trio.Event()
+        self._target = math.inf  # trio time the timer next looks at the database
+        self._ticking = False
+        self._scheduled_meanwhile = math.inf  # the earliest scheduled during a tick
+        self._closed = False
+
+    @property
+    def next_look(self) -> float:
+        """The Trio time at which the timer next looks at the database (unless woken)."""
+        return self._target
+
+    def scheduled(self, seconds: float) -> None:
+        """A run falls due ``seconds`` from now; wake early if that is sooner than planned.
+        While a tick is reading the database, the tick's answer may already be stale: the
+        instant is kept, and the timer looks again by then at the latest."""
+        if seconds <= 0:
+            self._idle.unpark()
+            return
+        at = trio.current_time() + seconds
+        if self._ticking:
+            self._scheduled_meanwhile = min(self._scheduled_meanwhile, at)
+        elif at < self._target:
+            self._changed.set()
+
+    def runnable(self) -> None:
+        """Work is due now (a run was admitted): hand it to an idle worker, if one waits."""
+        self._idle.unpark()
+
+    async def idle(self) -> None:
+        """A worker found nothing to claim: park it until work falls due (or shutdown)."""
+        if self._closed:
+            return
+        self._changed.set()
+        await self._idle.park()
+
+    def wake_all(self) -> None:
+        self._idle.unpark_all()
+
+    def close(self) -> None:
+        """Shutdown: wake every parked worker, and park none from now on."""
+        self._closed = True
+        self._idle.unpark_all()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        failures = 0
+        while True:
+            self._changed = trio.Event()
+            self._ticking, self._scheduled_meanwhile = True, math.inf
+            try:
+                delay = await self._tick()
+                failures = 0
+            except Unavailable as exc:
+                failures += 1
+                log.warning("timer: database unavailable: %s", exc)
+                delay = min(30.0, 0.5 * 2**failures)
+            finally:
+                self._ticking = False
+            self._target = min(trio.current_time() + delay, self._scheduled_meanwhile)
+            with trio.move_on_at(self._target):
+                await self._changed.wait()
+
+    async def _tick(self) -> float:
+        """Wake what is due; return how long until the timer must look again."""
+        due = await store.next_due(self.db)
+        if due.sleeper is not None and due.sleeper <= 0:
+            woken = 0
+            while not self._closed:
+                lateness = await store.wake_sleepers(self.db, self.actor, BATCH)
+                self.metrics.woke(lateness)
+                woken += len(lateness)
+                if len(lateness) < BATCH:
+                    break
+            if woken:
+                self._idle.unpark_all()  # the woken runs are due at once
+                due = await store.next_due(self.db)
+        delays = [self.sweep]
+        if due.sleeper is not None:
+            delays.append(max(due.sleeper, RECHECK))
+        if due.work is not None and self._idle.statistics().tasks_waiting:
+            if due.work <= 0:
+                # Idle workers claim until they run out, then park again, which makes
+                # the timer look again: nothing to time for them meanwhile.
+                self._idle.unpark_all()
+            else:
+                delays.append(due.work)
+        return min(delays)

@@ -1,0 +1,67 @@
+"""Refused requests: an HTTP status, a stable code and what to change.
+
+Admission, operator actions, authentication and webhooks all refuse through this
+one exception; the HTTP front end turns it into an RFC 9457 problem. A request
+refused this way has changed nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry_coordinator.errors import CoordinatorError
+
+#: The closed list of problem codes the HTTP API answers with, and what each means.
+CODES: dict[str, str] = {
+    "request.invalid": "the body is not the object this route takes",
+    "request.malformed-json": "the body is not JSON",
+    "request.unstorable-text": "the body holds a NUL character or an unpaired surrogate",
+    "request.too-deep": "the body nests arrays and objects too deep",
+    "request.too-large": "the body is larger than the configured limit",
+    "request.unsupported-media-type": "a body on a JSON route that is not sent as JSON",
+    "request.idempotency-key-missing": "a start without an Idempotency-Key header",
+    "request.idempotency-key-invalid": "an Idempotency-Key that is not 1-200 visible ASCII",
+    "request.invalid-filter": "a run listing filter or limit that is not allowed",
+    "request.invalid-cursor": "a page cursor this API did not return",
+    "request.reason-missing": "an action without a reason",
+    "route.not-found": "no such route",
+    "route.method-not-allowed": "the route does not take this method",
+    "auth.missing-token": "no bearer token",
+    "auth.invalid-token": "a token that is not a valid JWT from the issuer",
+    "auth.unknown-key": "a token signed with a key the issuer's key set does not have",
+    "auth.expired": "an expired token",
+    "auth.wrong-audience": "a token for another audience",
+    "auth.wrong-issuer": "a token from another issuer",
+    "auth.lifetime-too-long": "a token valid for longer than the configured maximum",
+    "auth.forbidden": "no policy of the caller allows the action",
+    "auth.operator-required": "an operator action by a caller who is not an operator",
+    "auth.keys-unavailable": "the issuer's key set could not be read for longer than allowed",
+    "workflow.not-pinned": "no pinned workflow (version) of that name",
+    "input.invalid": "the input does not fit the workflow's input schema",
+    "admission.held": "new starts are held by an operator",
+    "run.not-found": "no run of that id that the caller may see",
+    "run.key-reused": "the Idempotency-Key started a run of another workflow, version or input",
+    "run.ended": "the run has already ended",
+    "run.not-held": "the action needs a held run",
+    "run.nothing-to-resend": "reconcile on a held run that sent no request at its step",
+    "run.no-receipt": "the held call has no receipt lookup, and no answer to it came back late",
+    "run.changed": "the run changed while the action was taken",
+    "reconcile.no-receipt": "the product has no record of the original request",
+    "reconcile.unavailable": "the product's receipt could not be read or used",
+    "connection.unknown": "no connection of that name accepts result webhooks",
+    "webhook.signature-missing": "a delivery without a signature",
+    "webhook.signature-invalid": "a signature that does not match body and secret",
+    "webhook.signature-stale": "a signature more than five minutes from now",
+    "webhook.invalid-delivery": "a delivery that is not {result, key, eventId, payload?}",
+    "service.unavailable": "the database cannot be reached; try again after Retry-After",
+    "service.stopping": "the service is shutting down; try again after Retry-After",
+    "service.internal-error": "the service failed to answer: a defect, logged with its cause",
+}
+
+
+class Problem(CoordinatorError):
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+        if code not in CODES:
+            raise ValueError(f"problem code {code!r} is not in the closed list")
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.extra = status, code, detail, extra

@@ -1,0 +1,215 @@
+"""The remote CLI: ``coordinator runs ...`` and ``coordinator admission ...`` over HTTP.
+
+Exit codes: 0 done, 1 refused by the service (a 4xx problem), 2 usage, 3 the
+service is unavailable (no connection, or a 5xx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from registry_coordinator.authoring.canonical import JSON
+
+OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def add_arguments(commands: Any) -> None:
+    """The ``runs`` and ``admission`` commands, with their common options."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=os.environ.get("COORDINATOR_URL", DEFAULT_URL),
+        help="the service (default $COORDINATOR_URL or %(default)s)",
+    )
+    common.add_argument(
+        "--token-file",
+        type=Path,
+        default=os.environ.get("COORDINATOR_TOKEN_FILE"),
+        help="a file holding the bearer token (default $COORDINATOR_TOKEN_FILE)",
+    )
+    common.add_argument("--format", choices=["text", "json"], default="text")
+
+    runs = commands.add_parser("runs", help="start, list, inspect and act on runs")
+    actions = runs.add_subparsers(dest="action", required=True, parser_class=type(runs))
+    start = actions.add_parser("start", parents=[common], help="start a run")
+    start.add_argument("workflow")
+    start.add_argument("--input", required=True, metavar="JSON|@FILE")
+    start.add_argument("--version")
+    start.add_argument("--key", help="the Idempotency-Key (default: a new one, printed)")
+    listing = actions.add_parser("list", parents=[common], help="list runs, newest first")
+    listing.add_argument("--state")
+    listing.add_argument("--workflow")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--cursor")
+    for name, what in (("status", "a run's status"), ("history", "a run's history")):
+        action = actions.add_parser(name, parents=[common], help=what)
+        action.add_argument("run")
+    for name, what in (
+        ("cancel", "cancel a run"),
+        ("retry-same", "resend a held run's sealed request"),
+        ("reconcile", "complete a held call from the product's receipt"),
+    ):
+        action = actions.add_parser(name, parents=[common], help=what)
+        action.add_argument("run")
+        action.add_argument("--reason", required=True)
+
+    admission = commands.add_parser("admission", help="hold or release new starts")
+    changes = admission.add_subparsers(dest="action", required=True, parser_class=type(admission))
+    for name in ("hold", "release"):
+        change = changes.add_parser(name, parents=[common], help=f"{name} admission")
+        change.add_argument("--reason", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    headers = {}
+    if args.token_file is not None:
+        try:
+            token = Path(args.token_file).read_text("ascii").strip()
+        except OSError as exc:
+            print(f"coordinator: cannot read the token file: {exc.strerror}", file=sys.stderr)
+            return USAGE
+        except UnicodeDecodeError:
+            print(
+                f"coordinator: {args.token_file} does not hold a token (a JWT is ASCII text)",
+                file=sys.stderr,
+            )
+            return USAGE
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        request = _request(args)
+    except ValueError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return USAGE
+    method, path, body, params, extra = request
+    try:
+        with httpx.Client(base_url=args.url, headers=headers, timeout=30) as client:
+            response = client.request(method, path, json=body, params=params, headers=extra)
+    except httpx.HTTPError as exc:
+        print(f"coordinator: {args.url} is unavailable: {exc}", file=sys.stderr)
+        return UNAVAILABLE
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = {"detail": response.text}
+    if response.status_code >= 400:
+        code = answer.get("code", "unknown") if isinstance(answer, dict) else "unknown"
+        detail = answer.get("detail", "") if isinstance(answer, dict) else ""
+        if args.format == "json":
+            print(json.dumps(answer, indent=2))
+        print(f"coordinator: refused ({response.status_code} {code}): {detail}", file=sys.stderr)
+        # Held admission is an operator's refusal, not an outage, whatever its status.
+        unavailable = response.status_code >= 500 and code != "admission.held"
+        return UNAVAILABLE if unavailable else REFUSED
+    if args.format == "json":
+        print(json.dumps(answer, indent=2))
+    else:
+        print(_text(args, answer, extra))
+    return OK
+
+
+def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], dict[str, str]]:
+    """The HTTP request a command makes: method, path, body, query and headers."""
+    if args.command == "admission":
+        return "POST", f"/v1/admission/{args.action}", {"reason": args.reason}, {}, {}
+    action = args.action
+    if action == "start":
+        text = args.input
+        if text.startswith("@"):
+            try:
+                text = Path(text[1:]).read_text()
+            except OSError as exc:
+                raise ValueError(f"cannot read {text[1:]}: {exc.strerror}") from None
+        try:
+            run_input = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"--input is not JSON: {exc}") from None
+        body = {"workflow": args.workflow, "input": run_input}
+        if args.version:
+            body["version"] = args.version
+        key = args.key or uuid.uuid4().hex
+        return "POST", "/v1/runs", body, {}, {"Idempotency-Key": key}
+    if action == "list":
+        params = {"limit": args.limit}
+        params.update(
+            {
+                k: v
+                for k, v in (
+                    ("state", args.state),
+                    ("workflow", args.workflow),
+                    ("cursor", args.cursor),
+                )
+                if v
+            }
+        )
+        return "GET", "/v1/runs", None, params, {}
+    if action == "status":
+        return "GET", f"/v1/runs/{args.run}", None, {}, {}
+    if action == "history":
+        return "GET", f"/v1/runs/{args.run}/history", None, {}, {}
+    return "POST", f"/v1/runs/{args.run}/{action}", {"reason": args.reason}, {}, {}
+
+
+def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> str:
+    if args.command == "admission":
+        return f"admission {'held' if answer['held'] else 'released'}: {answer['reason']}"
+    if args.action == "list":
+        lines = [
+            f"{r['id']}  {r['state']:<9}  {r['workflow']['id']}@{r['workflow']['version']}"
+            f"  {r['step']}  {r['admittedAt']}"
+            for r in answer["runs"]
+        ]
+        if answer.get("next"):
+            lines.append(f"more: --cursor {answer['next']}")
+        return "\n".join(lines) if lines else "no runs"
+    if args.action == "history":
+        return describe_history(answer["events"])
+    text = describe_status(answer)
+    if args.action == "start":
+        text += f"\n  idempotency key {headers['Idempotency-Key']}"
+    return text
+
+
+def describe_status(run: JSON) -> str:
+    """A run's status as a few readable lines."""
+    workflow = run["workflow"]
+    lines = [
+        f"run {run['id']}",
+        f"  workflow  {workflow['id']} version {workflow['version']} ({workflow['digest']})",
+        f"  state     {run['state']} at step {run['step']}",
+    ]
+    if run.get("outcome"):
+        lines.append(f"  outcome   {run['outcome']}")
+    if run.get("output") is not None:
+        lines.append(f"  output    {json.dumps(run['output'])}")
+    for name in ("failure", "hold"):
+        if run.get(name):
+            lines.append(f"  {name:<9} {run[name]['code']}: {run[name]['detail']}")
+    lines.append(f"  admitted  {run['admittedAt']}, deadline {run['deadlineAt']}")
+    if run.get("endedAt"):
+        lines.append(f"  ended     {run['endedAt']}")
+    return "\n".join(lines)
+
+
+def describe_history(events: list[JSON]) -> str:
+    """A run's history as a readable timeline."""
+    # Columns as wide as their widest entry: instants drop trailing zeros, actors vary.
+    at = max((len(event["at"]) for event in events), default=0)
+    actor = max((len(event["actor"]) for event in events), default=0)
+    lines = []
+    for event in events:
+        detail = event["detail"]
+        note = f"  {json.dumps(detail, sort_keys=True)}" if detail else ""
+        lines.append(
+            f"{event['at']:<{at}}  #{event['seq']:<3} {event['kind']:<16} {event['step']:<22}"
+            f" by {event['actor']:<{actor}}{note}".rstrip()
+        )
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""The closed lists a run is described by: its state, why it failed, why it is held.
+
+These codes are part of the product's contract: they appear in run status, in
+history, in metrics labels and in the operator runbook. Add one only with its
+documentation. Every state, failure and hold in the code is named through these
+enums, never as a string literal, so a search for a member finds every place it matters.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunState(StrEnum):
+    """Where a run is. A run moves only forward: the terminal states are final."""
+
+    #: Claimable by a worker now, or held by one that is advancing it.
+    RUNNING = "running"
+    #: Parked until an instant (``wait-until``) or a product's result (``wait-for``).
+    WAITING = "waiting"
+    #: Stopped for an operator: Coordinator cannot safely decide (see :class:`HoldCode`).
+    HELD = "held"
+    #: Reached a ``finish`` step; its outcome and output are recorded.
+    FINISHED = "finished"
+    #: Ended by a :class:`FailureCode`; nothing is retried.
+    FAILED = "failed"
+    #: Its deadline passed before it finished (failure code ``deadline-reached``).
+    EXPIRED = "expired"
+    #: Cancelled by its caller or an operator, with a reason.
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run has ended: nothing will change it again."""
+        return self in TERMINAL
+
+
+#: The states a run ends in.
+TERMINAL = frozenset({RunState.FINISHED, RunState.FAILED, RunState.EXPIRED, RunState.CANCELLED})
+
+
+class FailureCode(StrEnum):
+    """Why a run ended ``failed`` (or ``expired``). Terminal: nothing is retried."""
+
+    PRODUCT_REFUSED = "product-refused"
+    """The product answered 400, 404, 409 or 422: it refused the command as sent."""
+    REQUEST_INVALID = "request-invalid"
+    """The evaluated call input does not satisfy the operation's request schema."""
+    EXPRESSION_ERROR = "expression-error"
+    """An expression failed at run time (a missing field, a wrong type, division by zero)."""
+    OUTPUT_INVALID = "output-invalid"
+    """The finish step's evaluated output does not satisfy its outcome's schema."""
+    DEADLINE_REACHED = "deadline-reached"
+    """The run's deadline passed before it finished (the run is ``expired``)."""
+
+
+class HoldCode(StrEnum):
+    """Why a run is ``held``: Coordinator cannot safely decide, an operator must."""
+
+    PRODUCT_FORBIDDEN = "product-forbidden"
+    """The product answered 401/403: Coordinator's service identity was refused.
+    Fix the identity's configuration or the product's policy, then ``retry-same``."""
+    OUTCOME_UNKNOWN = "outcome-unknown"
+    """A mutation may have reached the product but no usable answer came back
+    (timeout, reset, 5xx, or a 4xx other than a refusal, such as 408 or 423).
+    ``reconcile`` where a receipt exists, else check the product and ``retry-same``
+    or ``cancel``."""
+    RESPONSE_INVALID = "response-invalid"
+    """A mutation was answered 2xx with a body that breaks the operation's schema or
+    cannot be stored (not JSON, NaN, a NUL character, nested too deep): it probably
+    took effect, but its result cannot be used. The body is kept on the call's
+    execution, and the detail shows how it began."""
+    DISPATCH_INTERRUPTED = "dispatch-interrupted"
+    """Coordinator stopped (crash or shutdown), or lost its claim on the run in a
+    database outage, after sending a mutation and before recording its answer. An
+    answer that arrives after another process took the run over is kept with the run,
+    and ``reconcile`` uses it."""
+    DEFINITION_UNUSABLE = "definition-unusable"
+    """The definition the run was admitted under cannot be loaded by this build (the
+    detail says why), several times in a row. Run a build that can, then
+    ``retry-same``; or ``cancel``."""
+    ENGINE_DEFECT = "engine-defect"
+    """Coordinator failed at this step with an error of its own (the detail names it):
+    the same unexpected error several times in a row, or a statement the database
+    refused while recording an answer. Report it; after a fix, ``retry-same`` takes
+    the step again (a call resends its sealed request with its key)."""
