@@ -86,6 +86,14 @@ class _Checker:
     # --- stage 2: names and references -------------------------------------------------
 
     def references(self) -> None:
+        """Stage 2: what the workflow names exists, and what it declares is used."""
+        self._limits_and_ids()
+        self._schemas()
+        self._connections_and_start()
+        used_connections, used_outcomes = self._step_references()
+        self._unused(used_connections, used_outcomes)
+
+    def _limits_and_ids(self) -> None:
         wf = self.workflow
         for code, count, limit, what in (
             ("limit.steps", len(wf.steps), MAX_STEPS, "steps"),
@@ -108,6 +116,9 @@ class _Checker:
                     ("steps", step_id),
                     key=True,
                 )
+
+    def _schemas(self) -> None:
+        wf = self.workflow
         for path, schema in [(("input",), wf.input_schema)] + [
             (("outcomes", name), schema) for name, schema in wf.outcomes.items()
         ]:
@@ -121,6 +132,9 @@ class _Checker:
                     "correct the schema; see https://json-schema.org/draft/2020-12",
                     (*path, *exc.path),
                 )
+
+    def _connections_and_start(self) -> None:
+        wf = self.workflow
         for name, kind in wf.connections.items():
             if kind not in self.catalog.products:
                 self.report(
@@ -136,6 +150,11 @@ class _Checker:
                 self._step_hint(wf.start),
                 ("start",),
             )
+
+    def _step_references(self) -> tuple[set[str], set[str]]:
+        """Each step's edges, connection and outcome resolve; the connections and
+        outcomes the steps use."""
+        wf = self.workflow
         used_connections: set[str] = set()
         used_outcomes: set[str] = set()
         for step in wf.steps.values():
@@ -160,6 +179,10 @@ class _Checker:
                         f"declare it under outcomes, or use one of: {', '.join(wf.outcomes)}",
                         (*step.path, "outcome"),
                     )
+        return used_connections, used_outcomes
+
+    def _unused(self, used_connections: set[str], used_outcomes: set[str]) -> None:
+        wf = self.workflow
         for name in wf.connections:
             if name not in used_connections:
                 self.report(

@@ -168,19 +168,7 @@ def read_workflow(
         ["apiVersion", "kind", "id", "version", "deadline", "input", "outcomes", "start", "steps"],
         ["title", "description", "connections"],
     )
-    api = reader.string(root, "apiVersion", (), "the workflow")
-    if api is not None and api != API_VERSION:
-        reader.report(
-            "workflow.api-version",
-            f"apiVersion {api!r} is not one this build reads",
-            f"write apiVersion: {API_VERSION}",
-            ("apiVersion",),
-        )
-    kind = reader.string(root, "kind", (), "the workflow")
-    if kind is not None and kind != "Workflow":
-        reader.report(
-            "workflow.kind", f"kind {kind!r} is not Workflow", "write kind: Workflow", ("kind",)
-        )
+    _header(reader, root)
     wf_id = reader.matching(
         reader.string(root, "id", (), "the workflow"),
         WORKFLOW_ID,
@@ -197,21 +185,7 @@ def read_workflow(
     )
     title = reader.string(root, "title", (), "the workflow")
     description = reader.string(root, "description", (), "the workflow")
-    deadline = reader.duration(root, "deadline", (), "the workflow")
-    if deadline is not None and deadline > MAX_DEADLINE:
-        reader.report(
-            "workflow.deadline-too-long",
-            f"the deadline {root['deadline']} is longer than P366D",
-            "shorten the deadline to at most P366D",
-            ("deadline",),
-        )
-    if deadline is not None and deadline <= timedelta(0):
-        reader.report(
-            "duration.invalid",
-            "the deadline must be longer than zero",
-            "give a deadline such as P30D",
-            ("deadline",),
-        )
+    deadline = _deadline(reader, root)
     input_schema = root.get("input")
     if "input" in root and not isinstance(input_schema, dict | bool):
         reader.report(
@@ -242,6 +216,43 @@ def read_workflow(
         document=document,
     )
     return workflow, reader.diagnostics
+
+
+def _header(reader: Reader, root: dict[str, JSON]) -> None:
+    """apiVersion and kind: the document is a workflow this build reads."""
+    api = reader.string(root, "apiVersion", (), "the workflow")
+    if api is not None and api != API_VERSION:
+        reader.report(
+            "workflow.api-version",
+            f"apiVersion {api!r} is not one this build reads",
+            f"write apiVersion: {API_VERSION}",
+            ("apiVersion",),
+        )
+    kind = reader.string(root, "kind", (), "the workflow")
+    if kind is not None and kind != "Workflow":
+        reader.report(
+            "workflow.kind", f"kind {kind!r} is not Workflow", "write kind: Workflow", ("kind",)
+        )
+
+
+def _deadline(reader: Reader, root: dict[str, JSON]) -> timedelta | None:
+    """The run's deadline: longer than zero, at most P366D."""
+    deadline = reader.duration(root, "deadline", (), "the workflow")
+    if deadline is not None and deadline > MAX_DEADLINE:
+        reader.report(
+            "workflow.deadline-too-long",
+            f"the deadline {root['deadline']} is longer than P366D",
+            "shorten the deadline to at most P366D",
+            ("deadline",),
+        )
+    if deadline is not None and deadline <= timedelta(0):
+        reader.report(
+            "duration.invalid",
+            "the deadline must be longer than zero",
+            "give a deadline such as P30D",
+            ("deadline",),
+        )
+    return deadline
 
 
 def _connections(reader: Reader, value: JSON) -> dict[str, str]:
