@@ -1,4 +1,5 @@
-"""Admission: turning a start request into a run, or a precise reason it is refused.
+"""Admission: turning a start request into a run, or a precise reason it is refused; and
+the routes around it — the workflows a start may name, an operator's hold and release.
 
 A caller's Idempotency-Key stands for one start request (workflow, version as asked,
 input): the same request again returns the original run, anything else under that key
@@ -11,13 +12,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from quart import Response
+
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine import store
+from registry_coordinator.engine import operator_actions, store
 from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.auth import Caller
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.operations import require_reason
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.requests import authenticated, body_json, json_response
 
 START_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 
@@ -28,14 +34,7 @@ class Started:
     created: bool
 
 
-async def start(
-    db: Database,
-    workflows: Workflows,
-    timer: Timer,
-    caller: Caller,
-    start_key: str | None,
-    body: JSON,
-) -> Started:
+def _start_key(start_key: str | None) -> str:
     if start_key is None:
         raise Problem(
             400,
@@ -48,6 +47,11 @@ async def start(
             "request.idempotency-key-invalid",
             "the Idempotency-Key must be 1 to 200 visible ASCII characters",
         )
+    return start_key
+
+
+def _start_request(body: JSON) -> tuple[str, str | None, JSON]:
+    """The workflow, version (None: the one pinned last) and input a start body asks for."""
     if not isinstance(body, dict):
         raise Problem(
             400, "request.invalid", "the body must be a JSON object {workflow, version?, input}"
@@ -65,6 +69,19 @@ async def start(
         raise Problem(400, "request.invalid", "workflow (and version, if given) must be strings")
     if "input" not in body:
         raise Problem(400, "request.invalid", "the start needs an input (use {} for none)")
+    return workflow, version, body["input"]
+
+
+async def start(
+    db: Database,
+    workflows: Workflows,
+    timer: Timer,
+    caller: Caller,
+    start_key: str | None,
+    body: JSON,
+) -> Started:
+    key = _start_key(start_key)
+    workflow, version, given = _start_request(body)
     caller.require("start", workflow)
     pinned = workflows.for_start(workflow, version)
     if pinned is None:
@@ -75,9 +92,7 @@ async def start(
             f"no pinned workflow {named}",
             pinned=sorted({f"{p.definition.id}@{p.definition.version}" for p in workflows.pinned}),
         )
-    problems = pinned.definition.schema_errors(
-        pinned.definition.workflow.input_schema, body["input"]
-    )
+    problems = pinned.definition.schema_errors(pinned.definition.workflow.input_schema, given)
     if problems:
         raise Problem(
             422,
@@ -87,7 +102,7 @@ async def start(
         )
     try:
         admitted = await store.admit(
-            db, pinned.definition, pinned.digest, caller.client, start_key, body["input"], version
+            db, pinned.definition, pinned.digest, caller.client, key, given, version
         )
     except store.AdmissionHeld as held:
         raise Problem(
@@ -104,3 +119,43 @@ async def start(
     if admitted.created:
         timer.runnable()
     return Started(str(admitted.run_id), admitted.created)
+
+
+async def pinned(context: Context) -> Response:
+    """The workflows this service runs, by id, version and digest: what a start may name."""
+    await authenticated(context)
+    return json_response(
+        {
+            "workflows": [
+                {
+                    "id": p.definition.id,
+                    "version": p.definition.version,
+                    "digest": p.digest,
+                    "title": p.definition.workflow.title,
+                }
+                for p in context.workflows.pinned
+            ]
+        }
+    )
+
+
+async def _change(context: Context, held: bool) -> Response:
+    who = await authenticated(context)
+    who.require_operator()
+    reason = require_reason(await body_json())
+    await operator_actions.set_admission(context.db, held, who.client, reason)
+    return json_response({"held": held, "reason": reason, "actor": who.client})
+
+
+async def hold(context: Context) -> Response:
+    """Refuse new starts (503 admission.held) until released; runs admitted go on."""
+    return await _change(context, held=True)
+
+
+async def release(context: Context) -> Response:
+    return await _change(context, held=False)
+
+
+async def unknown_change(context: Context, change: str) -> Response:
+    """Any other POST under /v1/admission: no such route, said before asking who calls."""
+    raise Problem(404, "route.not-found", f"no admission action {change}")

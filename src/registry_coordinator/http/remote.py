@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.errors import ExitCode
 
-OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
@@ -76,26 +76,26 @@ def run(args: argparse.Namespace) -> int:
             token = Path(args.token_file).read_text("ascii").strip()
         except OSError as exc:
             print(f"coordinator: cannot read the token file: {exc.strerror}", file=sys.stderr)
-            return USAGE
+            return ExitCode.USAGE
         except UnicodeDecodeError:
             print(
                 f"coordinator: {args.token_file} does not hold a token (a JWT is ASCII text)",
                 file=sys.stderr,
             )
-            return USAGE
+            return ExitCode.USAGE
         headers["Authorization"] = f"Bearer {token}"
     try:
         request = _request(args)
     except ValueError as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
-        return USAGE
+        return ExitCode.USAGE
     method, path, body, params, extra = request
     try:
         with httpx.Client(base_url=args.url, headers=headers, timeout=30) as client:
             response = client.request(method, path, json=body, params=params, headers=extra)
     except httpx.HTTPError as exc:
         print(f"coordinator: {args.url} is unavailable: {exc}", file=sys.stderr)
-        return UNAVAILABLE
+        return ExitCode.UNAVAILABLE
     try:
         answer = response.json()
     except ValueError:
@@ -108,12 +108,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"coordinator: refused ({response.status_code} {code}): {detail}", file=sys.stderr)
         # Held admission is an operator's refusal, not an outage, whatever its status.
         unavailable = response.status_code >= 500 and code != "admission.held"
-        return UNAVAILABLE if unavailable else REFUSED
+        return ExitCode.UNAVAILABLE if unavailable else ExitCode.INVALID
     if args.format == "json":
         print(json.dumps(answer, indent=2))
     else:
         print(_text(args, answer, extra))
-    return OK
+    return ExitCode.OK
 
 
 def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], dict[str, str]]:

@@ -1,0 +1,44 @@
+"""What the service's probes read from the database: whether it answers, and how many runs
+are in each state that has not ended.
+
+Both are read while a caller waits (``/ready``, a ``/metrics`` scrape), so both give up
+after :data:`PATIENCE` seconds and say so rather than raise: a probe answers at once, and
+an outage is part of what it reports, never an error of its own.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.engine.database import Database, Unavailable
+from registry_coordinator.semantics.codes import RunState
+
+#: Seconds a probe waits for the database before calling it unreachable: well inside the
+#: timeouts of the load balancers and scrapers that call the probes.
+PATIENCE = 2
+
+#: The states a run is in until it ends, in their order in :class:`RunState`.
+ACTIVE = tuple(state for state in RunState if not state.terminal)
+
+
+async def database(db: Database) -> JSON:
+    """The database's part of readiness: ``ok``, or not with what went wrong."""
+    try:
+        with trio.fail_after(PATIENCE):
+            await db.row("server_version")
+    except (trio.TooSlowError, Unavailable) as exc:
+        return {"ok": False, "detail": str(exc) or f"no answer within {PATIENCE} s"}
+    return {"ok": True}
+
+
+async def active_runs(db: Database) -> dict[RunState, int] | None:
+    """How many runs are in each of the :data:`ACTIVE` states (0 for one with none), or
+    None if the database does not answer in time: the gauges then keep their last values."""
+    try:
+        with trio.fail_after(PATIENCE):
+            rows = await db.rows("active_runs_by_state")
+    except (trio.TooSlowError, Unavailable):
+        return None
+    counts = {row["state"]: row["runs"] for row in rows}
+    return {state: counts.get(state, 0) for state in ACTIVE}

@@ -1,0 +1,82 @@
+"""The statements of operator actions: a run locked for an action, and what the action writes.
+
+An action reads its run locked ``FOR UPDATE`` and writes in the same transaction, so the
+engine cannot move the run between what the operator's request was judged on and what it
+records; each write is fenced by the run's ``seq`` as it was locked as well. What an action
+may do, and the refusals a caller sees, are decided by ``http.operations``: here are only
+the statements, so that layer names no query and holds no connection of its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.engine.database import Connection, Database, Row
+
+
+@dataclass(frozen=True)
+class LockedRun:
+    """A run locked against the engine, in a transaction that is open while this is used:
+    each write below commits with the transaction, or not at all."""
+
+    conn: Connection
+    #: id, digest, state, step, seq, attempt, dispatched_at and hold_code, as locked.
+    run: Row
+
+    def _fenced(self, **params: JSON) -> dict[str, JSON]:
+        return {"id": self.run["id"], "seq": self.run["seq"], **params}
+
+    async def note(self, kind: str, actor: str, event: JSON, *, cancel: bool = False) -> None:
+        """Record the action in the run's history and leave the run where it is; with
+        ``cancel``, the run is cancelled once the call it has in flight settles."""
+        await self.conn.row(
+            "operator_note", self._fenced(cancel=cancel, kind=kind, actor=actor, event=event)
+        )
+
+    async def cancel(self, actor: str, detail: str, event: JSON) -> None:
+        """End the run cancelled now (it has no call in flight)."""
+        await self.conn.row(
+            "operator_cancel", self._fenced(actor=actor, detail=detail, event=event)
+        )
+
+    async def resume(self, actor: str, event: JSON) -> None:
+        """retry-same: the held run is due at once to take its step again."""
+        await self.conn.row("operator_resume", self._fenced(actor=actor, event=event))
+
+    async def complete(
+        self, step: str, next_step: str, output: JSON, actor: str, event: JSON
+    ) -> None:
+        """reconcile: the held call ``step`` completes with the product's ``output``, and
+        the run goes on to ``next_step``."""
+        await self.conn.row(
+            "operator_complete",
+            self._fenced(
+                next=next_step, step=step, outputs={step: output}, actor=actor, event=event
+            ),
+        )
+
+
+@asynccontextmanager
+async def locked(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun | None]:
+    """The run locked for an action until the block ends (None: there is no such run); an
+    exception out of the block rolls back everything written in it."""
+    async with db.connection() as conn, conn.transaction():
+        run = await conn.row("operator_run", {"id": run_id})
+        yield None if run is None else LockedRun(conn, run)
+
+
+async def sealed_request(db: Database, run_id: uuid.UUID, step: str) -> Row | None:
+    """The request the call step sealed on its first sending (method, url, body and
+    idempotency_key), or None if it never sealed one."""
+    return await db.row("sealed_request", {"id": run_id, "step": step})
+
+
+async def set_admission(db: Database, held: bool, actor: str, reason: str) -> None:
+    """Hold or release admission of new runs, with its event. The statement that admits a
+    run locks the row this updates (:func:`store.admit`), so a hold and a start serialize
+    and cannot pass each other."""
+    await db.execute("set_admission", {"held": held, "reason": reason, "actor": actor})

@@ -1,0 +1,34 @@
+"""The shared state every handler is given: the service's parts, built once before it serves.
+
+Handlers are top-level functions of this and their path parameters (``http.api`` binds
+them to it in the route table); they keep no state of their own between requests, so what
+a request can reach is exactly what is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from registry_coordinator.engine.calls import Product
+from registry_coordinator.engine.database import Database
+from registry_coordinator.engine.listener import Listener
+from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.timers import Timer
+from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.http.auth import Authenticator
+
+
+@dataclass
+class Context:
+    """What the handlers work with; built by the service before it serves."""
+
+    db: Database
+    workflows: Workflows
+    timer: Timer
+    products: dict[str, Product]
+    listener: Listener
+    auth: Authenticator
+    metrics: Metrics
+    stopping: trio.Event = field(default_factory=trio.Event)  # set when shutdown begins

@@ -1,0 +1,79 @@
+"""The routes for machines that watch the service: /health, /ready, /metrics, /openapi.json.
+
+None needs a caller's token. ``/health`` says only that the process answers; ``/ready``
+names each part the service needs and whether it is there, 503 if any is not; a scrape of
+``/metrics`` refreshes the gauges that describe the present before rendering them. What
+the probes read from the database is :mod:`engine.health`'s, which gives up in seconds,
+so a probe answers even when the database does not.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import yaml
+from quart import Response
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.engine import health as engine_health
+from registry_coordinator.engine.metrics import CONTENT_TYPE
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.requests import json_response
+from registry_coordinator.semantics.codes import RunState
+
+
+@cache
+def openapi_document() -> JSON:
+    """The API's OpenAPI document, ``openapi.yaml``, read once."""
+    text = resources.files(__package__).joinpath("openapi.yaml").read_text("utf-8")
+    return yaml.safe_load(text)
+
+
+async def health(context: Context) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def ready(context: Context) -> Response:
+    parts = await readiness(context)
+    ok = all(part["ok"] for part in parts.values())
+    return json_response({"ready": ok, "parts": parts}, 200 if ok else 503)
+
+
+async def metrics(context: Context) -> Response:
+    await _scrape(context)
+    return Response(context.metrics.render(), status=200, content_type=CONTENT_TYPE)
+
+
+async def openapi(context: Context) -> Response:
+    return json_response(openapi_document())
+
+
+async def readiness(context: Context) -> dict[str, JSON]:
+    """Each part the service needs to serve, named, and whether it is there."""
+    return {
+        "database": await engine_health.database(context.db),
+        "schema": {"ok": True, "detail": "checked at startup"},
+        "listener": {"ok": context.listener.connected, "reconnects": context.listener.reconnects},
+        "keys": context.auth.readiness(),
+        "workflows": {
+            "ok": bool(context.workflows.pinned),
+            "pinned": len(context.workflows.pinned),
+        },
+    }
+
+
+async def _scrape(context: Context) -> None:
+    """Refresh the gauges that describe the present, just before they are read."""
+    metrics = context.metrics
+    counts = await engine_health.active_runs(context.db)
+    if counts is not None:
+        for state, runs in counts.items():
+            metrics.runs.labels(state).set(runs)
+        metrics.held.set(counts[RunState.HELD])
+    for name, product in context.products.items():
+        metrics.pool_in_use.labels(name).set(product.limiter.borrowed_tokens)
+        metrics.pool_queued.labels(name).set(
+            max(0, product.queued - product.limiter.borrowed_tokens)
+        )
+    metrics.listener.set(1 if context.listener.connected else 0)

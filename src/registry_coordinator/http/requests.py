@@ -1,0 +1,133 @@
+"""What every handler reads from a request and answers with: the caller, a JSON body, page
+cursors, and JSON or problem+json responses.
+
+A body is judged before any handler looks at it: JSON routes take only JSON media types
+(415 otherwise), and a body :func:`strict_json` refuses is a 400 with a code naming why.
+Every refusal is an RFC 9457 problem with a stable ``code`` from ``problems.CODES``; a
+401 says how to authenticate and a 503 when to try again.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from datetime import datetime
+
+from quart import Response, request
+
+from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
+from registry_coordinator.authoring.expressions import format_instant, parse_instant
+from registry_coordinator.engine.database import Row
+from registry_coordinator.http.auth import Caller
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.problems import Problem
+
+PROBLEM_TYPE = "https://registrystack.org/problems/coordinator/"
+#: Seconds a client is asked to wait before trying again a request refused with 503: about
+#: what the service needs to reconnect to a database that is back, or to restart.
+RETRY_AFTER = 5
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Request body too large",
+    415: "Unsupported media type",
+    422: "Unprocessable input",
+    500: "Internal error",
+    502: "Product unavailable",
+    503: "Service unavailable",
+}
+#: The problem code of a request body :func:`strict_json` refuses, by its reason.
+_UNUSABLE_BODY = {
+    "not-json": "request.malformed-json",
+    "too-deep": "request.too-deep",
+    "unstorable": "request.unstorable-text",
+}
+
+
+def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
+    body = {
+        "type": PROBLEM_TYPE + code,
+        "title": _TITLES.get(status, "Request refused"),
+        "status": status,
+        "code": code,
+        "detail": detail,
+        **extra,
+    }
+    response = Response(json.dumps(body), status=status, content_type="application/problem+json")
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="registry-coordinator"'
+    if status == 503:
+        response.headers["Retry-After"] = str(RETRY_AFTER)
+    return response
+
+
+def json_response(body: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps(body), status=status, content_type="application/json", headers=headers or {}
+    )
+
+
+def instant(value: datetime | None) -> str | None:
+    return format_instant(value) if value is not None else None
+
+
+async def authenticated(context: Context) -> Caller:
+    """Who sent the request, by its bearer token; refused (401) if it names no one."""
+    return await context.auth.authenticate(request.headers.get("Authorization"))
+
+
+def _require_json(raw: bytes) -> None:
+    """JSON routes take ``application/json`` or a ``+json`` type (RFC 6839), in UTF-8 if a
+    charset is named; a request with neither body nor type has nothing to judge."""
+    if not raw and not request.content_type:
+        return
+    media = request.mimetype
+    charset = request.mimetype_params.get("charset", "utf-8").lower()
+    kind, _, subtype = media.partition("/")
+    if (
+        kind != "application"
+        or not (subtype == "json" or subtype.endswith("+json"))
+        or charset not in ("utf-8", "utf8")
+    ):
+        raise Problem(
+            415,
+            "request.unsupported-media-type",
+            f"the body is sent as {request.content_type or 'no Content-Type'}: send JSON "
+            "with Content-Type: application/json (curl: --json)",
+        )
+
+
+async def body_json() -> JSON:
+    """The request's body as strict JSON; no body at all is ``{}``."""
+    raw = await request.get_data(as_text=False)
+    assert isinstance(raw, bytes)
+    _require_json(raw)
+    try:
+        return strict_json(raw) if raw else {}
+    except UnusableJson as exc:
+        raise Problem(400, _UNUSABLE_BODY[exc.reason], f"the body is refused: {exc}") from None
+
+
+def cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
+    """A page cursor: the (admitted_at, id) of the last run on the previous page."""
+    if text is None:
+        return parse_instant("9999-12-31T00:00:00Z"), uuid.UUID(int=(1 << 128) - 1)
+    try:
+        at, run_id = json.loads(base64.urlsafe_b64decode(text.encode() + b"=="))
+        return parse_instant(at), uuid.UUID(run_id)
+    except (ValueError, TypeError, AttributeError, OverflowError, UnicodeDecodeError):
+        raise Problem(
+            400,
+            "request.invalid-cursor",
+            "the cursor is not one this API returned; start again without it",
+        ) from None
+
+
+def next_cursor(row: Row) -> str:
+    raw = json.dumps([format_instant(row["admitted_at"]), str(row["id"])]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")

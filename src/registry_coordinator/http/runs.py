@@ -1,0 +1,237 @@
+"""The runs routes: start, list, status, history, and one handler for each action on a run.
+
+A caller sees its own runs (an operator sees every run), and only of the workflows its
+token's policies cover for the action, as they covered the run's start: a run it may not
+see is answered exactly as a run that does not exist. Every action answers with the run's
+status as it stands after the action.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from quart import Response, request
+
+from registry_coordinator.authoring.canonical import JSON, storable
+from registry_coordinator.authoring.expressions import format_instant
+from registry_coordinator.engine import store
+from registry_coordinator.engine.database import Row
+from registry_coordinator.http import admission, operations
+from registry_coordinator.http.auth import Caller
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.requests import (
+    RETRY_AFTER,
+    authenticated,
+    body_json,
+    cursor,
+    instant,
+    json_response,
+    next_cursor,
+)
+from registry_coordinator.semantics.codes import RunState
+
+
+def run_status(row: Row) -> JSON:
+    """A run's status as the API shows it."""
+    return {
+        "id": str(row["id"]),
+        "workflow": {"id": row["workflow_id"], "version": row["version"], "digest": row["digest"]},
+        "caller": row["caller"],
+        "state": row["state"],
+        "step": row["step"],
+        "outcome": row["outcome"],
+        "output": row["output"],
+        "failure": {"code": row["failure_code"], "detail": row["detail"]}
+        if row["failure_code"]
+        else None,
+        "hold": _hold(row) if row["hold_code"] else None,
+        "admittedAt": instant(row["admitted_at"]),
+        "deadlineAt": instant(row["deadline_at"]),
+        "updatedAt": instant(row["updated_at"]),
+        "endedAt": instant(row["ended_at"]),
+    }
+
+
+def _hold(row: Row) -> JSON:
+    """Why a run is held, and the product's answer if one came back after its claim on
+    the run was lost (the evidence ``reconcile`` uses)."""
+    hold: JSON = {"code": row["hold_code"], "detail": row["detail"]}
+    if row["late_status"] is not None:
+        hold["lateAnswer"] = {
+            "attempt": row["late_attempt"],
+            "status": row["late_status"],
+            "at": instant(row["late_at"]),
+        }
+    return hold
+
+
+def _not_found(run_id: str) -> Problem:
+    return Problem(404, "run.not-found", f"no run {run_id} that you may see")
+
+
+def _run_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise _not_found(text) from None
+
+
+async def _visible_run(context: Context, who: Caller, run_id: str, action: str) -> Row:
+    """A run the caller may see (its own, or any for an operator) and may take ``action``
+    on: its token's policies must cover the run's workflow, as they did its start."""
+    who.require(action)
+    row = await store.status(context.db, _run_id(run_id))
+    if row is None or not (who.operator or row["caller"] == who.client):
+        raise _not_found(run_id)
+    who.require(action, row["workflow_id"])
+    return row
+
+
+async def _current(context: Context, run_id: uuid.UUID) -> Row:
+    """The run as it stands now, after a start or an action on it."""
+    row = await store.status(context.db, run_id)
+    assert row is not None  # runs are never deleted
+    return row
+
+
+async def start(context: Context) -> Response:
+    """Admit a run (201), or find the one this Idempotency-Key started (200). A process
+    that is shutting down admits none: a run it admitted now would wait for a restart."""
+    who = await authenticated(context)
+    body = await body_json()
+    if context.stopping.is_set():
+        raise Problem(
+            503,
+            "service.stopping",
+            f"this process is shutting down: send the same start again in {RETRY_AFTER} s, "
+            "to it once restarted or to another process",
+        )
+    started = await admission.start(
+        context.db,
+        context.workflows,
+        context.timer,
+        who,
+        request.headers.get("Idempotency-Key"),
+        body,
+    )
+    row = await _current(context, uuid.UUID(started.run_id))
+    if started.created:
+        context.metrics.runs_started.labels(row["workflow_id"]).inc()
+    status = 201 if started.created else 200
+    return json_response(run_status(row), status, {"Location": f"/v1/runs/{started.run_id}"})
+
+
+def _state(text: str | None) -> RunState | None:
+    if text is None:
+        return None
+    try:
+        return RunState(text)
+    except ValueError:
+        raise Problem(
+            400, "request.invalid-filter", f"state must be one of {', '.join(RunState)}"
+        ) from None
+
+
+async def listing(context: Context) -> Response:
+    """A page of the runs the caller may read, newest first, with the cursor of the next."""
+    who = await authenticated(context)
+    who.require("read")
+    workflow = request.args.get("workflow")
+    if not storable(workflow):
+        raise Problem(400, "request.invalid-filter", "workflow holds text that cannot be stored")
+    state = _state(request.args.get("state"))
+    try:
+        limit = int(request.args.get("limit", "50"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise Problem(400, "request.invalid-filter", "limit must be a number from 1 to 100")
+    rows = await store.runs_page(
+        context.db,
+        store.RunFilter(
+            caller=None if who.operator else who.client,
+            readable=who.workflows_for("read"),
+            state=state,
+            workflow=workflow,
+        ),
+        cursor(request.args.get("cursor")),
+        limit + 1,
+    )
+    page = rows[:limit]
+    more = len(rows) > limit
+    return json_response(
+        {"runs": [run_status(r) for r in page], "next": next_cursor(page[-1]) if more else None}
+    )
+
+
+async def status(context: Context, run_id: str) -> Response:
+    who = await authenticated(context)
+    return json_response(run_status(await _visible_run(context, who, run_id, "read")))
+
+
+async def history(context: Context, run_id: str) -> Response:
+    who = await authenticated(context)
+    row = await _visible_run(context, who, run_id, "read")
+    events = await store.history(context.db, row["id"])
+    return json_response(
+        {
+            "run": str(row["id"]),
+            "events": [
+                {
+                    "seq": e["seq"],
+                    "at": format_instant(e["at"]),
+                    "kind": e["kind"],
+                    "step": e["step"],
+                    "actor": e["actor"],
+                    "detail": e["detail"],
+                }
+                for e in events
+            ],
+        }
+    )
+
+
+async def _action(
+    context: Context, run_id: str, permission: str, *, operator: bool
+) -> tuple[str, Row, str]:
+    """Who takes an action on which run, and why: the caller, checked an operator if the
+    action needs one, then the run, then the reason, in the order a refusal names them."""
+    who = await authenticated(context)
+    if operator:
+        who.require_operator()
+    row = await _visible_run(context, who, run_id, permission)
+    return who.client, row, operations.require_reason(await body_json())
+
+
+async def _after(context: Context, run_id: uuid.UUID, status: int = 200) -> Response:
+    return json_response(run_status(await _current(context, run_id)), status)
+
+
+async def cancel(context: Context, run_id: str) -> Response:
+    """Cancel the run (200), or, with a call in flight, once that call settles (202). A
+    caller may cancel its own runs; no operator is needed."""
+    actor, row, reason = await _action(context, run_id, "cancel", operator=False)
+    if not await operations.cancel(context.db, row["id"], actor, reason):
+        return await _after(context, row["id"], 202)
+    context.metrics.runs_ended.labels(row["workflow_id"], RunState.CANCELLED, "").inc()
+    return await _after(context, row["id"])
+
+
+async def retry_same(context: Context, run_id: str) -> Response:
+    actor, row, reason = await _action(context, run_id, "read", operator=True)
+    await operations.retry_same(context.db, context.timer, row["id"], actor, reason)
+    return await _after(context, row["id"])
+
+
+async def reconcile(context: Context, run_id: str) -> Response:
+    actor, row, reason = await _action(context, run_id, "read", operator=True)
+    await operations.reconcile(
+        context.db, context.workflows, context.products, context.timer, row["id"], actor, reason
+    )
+    return await _after(context, row["id"])
+
+
+async def unknown_action(context: Context, run_id: str, action: str) -> Response:
+    """Any other POST under a run: no such route, and said so before asking who calls."""
+    raise Problem(404, "route.not-found", f"no run action {action}")

@@ -1,0 +1,42 @@
+"""What the probes read from the database (``engine.health``): answers, and no answer in time."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from registry_coordinator.engine import health
+from registry_coordinator.engine.database import Database
+from registry_coordinator.semantics.codes import RunState
+from tests.harness import admit, database
+
+
+@pytest.mark.trio
+async def test_a_database_that_answers_is_ready_and_counts_its_active_runs(dsn: str) -> None:
+    async with database(dsn) as db:
+        assert await health.database(db) == {"ok": True}
+        assert await health.active_runs(db) == dict.fromkeys(health.ACTIVE, 0)
+        await admit(db, "timed-choice", {"answer": "no"})
+        counts = await health.active_runs(db)
+    assert counts is not None and list(counts) == [
+        RunState.RUNNING,
+        RunState.WAITING,
+        RunState.HELD,
+    ]
+    assert counts[RunState.RUNNING] == 1
+
+
+@pytest.mark.trio
+async def test_a_database_that_does_not_answer_in_time_is_not_ready(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A pool with no connection to give: each probe gives up after PATIENCE seconds."""
+    never = Database("postgresql://unused.invalid/none", 1)  # never opened: nothing to check out
+    started = trio.current_time()
+    assert await health.database(never) == {
+        "ok": False,
+        "detail": f"no answer within {health.PATIENCE} s",
+    }
+    assert await health.active_runs(never) is None
+    assert trio.current_time() - started == pytest.approx(2 * health.PATIENCE)
