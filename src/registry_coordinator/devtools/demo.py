@@ -30,9 +30,10 @@ from typing import Any
 import httpx
 
 from registry_coordinator.authoring.artifact import check_source, write
-from registry_coordinator.errors import CoordinatorError
+from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path, mint
 from registry_coordinator.http.remote import describe_history
+from registry_coordinator.semantics.codes import RunState
 
 APPLICATION = "app-1001"
 TOKEN = "demo-stand-in-token"
@@ -41,7 +42,10 @@ WORKFLOW = "review-application"
 
 
 class DemoFailed(CoordinatorError):
-    """The demo could not go on; the message says why and where to look."""
+    """The demo could not go on; the message says why and where to look. Something it
+    started (the service, a stand-in) did not come up or answer: exit 3."""
+
+    exit_code = ExitCode.UNAVAILABLE
 
 
 def say(text: str = "") -> None:
@@ -245,7 +249,8 @@ class Demo:
                     self.review(event["detail"]["key"])
             seen = len(events)
             status = portal.get(f"/v1/runs/{run_id}").json()
-            if status["state"] in ("finished", "failed", "expired", "cancelled", "held"):
+            state = RunState(status["state"])
+            if state.terminal or state is RunState.HELD:  # held: an operator's turn now
                 return status
             time.sleep(0.2)
         raise DemoFailed(f"the run did not end within two minutes; see {self.data}")
@@ -337,7 +342,7 @@ def main(data: Path, workflows: Path, interactive: bool, keep_running: bool) -> 
         return 0 if outcome == "finished approved-and-notified" else 1
     except DemoFailed as exc:
         print(f"coordinator demo: {exc}", file=sys.stderr)
-        return 3
+        return exc.exit_code
     except KeyboardInterrupt:
         say("\nStopping ...")
         return 130

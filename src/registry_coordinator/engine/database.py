@@ -1,5 +1,10 @@
 """PostgreSQL from Trio: psycopg's async API through trio-asyncio, and the named queries.
 
+Every statement the service sends is a query named in ``sql/queries.sql``, looked up
+strictly: a name that is not declared raises :class:`UnknownQuery` before anything is
+sent (a misspelled name must never reach PostgreSQL as if it were SQL). The one
+exception is a migration's file, run whole by :meth:`Connection.execute_script`.
+
 psycopg speaks asyncio; the service is Trio. trio-asyncio runs an asyncio loop
 inside Trio, and every psycopg await here crosses over with ``aio_as_trio``, so
 the rest of the code sees plain Trio functions and Trio cancellation.
@@ -13,6 +18,7 @@ are left mid-transaction by a cancellation are closed and replaced, never reused
 from __future__ import annotations
 
 import asyncio
+import difflib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -23,7 +29,6 @@ import psycopg
 import psycopg.waiting
 import trio
 import trio_asyncio
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -65,22 +70,30 @@ def _load_queries() -> dict[str, str]:
 QUERIES = _load_queries()
 
 
+class UnknownQuery(LookupError):
+    """A query name that sql/queries.sql does not declare: a defect in the caller, so
+    not a :class:`CoordinatorError`; it keeps its traceback."""
+
+
+def named(name: str) -> str:
+    """The SQL of the query ``name``; :class:`UnknownQuery` if there is none."""
+    try:
+        return QUERIES[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, QUERIES, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UnknownQuery(f"no query named {name!r} in sql/queries.sql{hint}") from None
+
+
 def sync_connection(dsn: str) -> psycopg.Connection[Row]:
     """A blocking autocommit connection, for work outside the event loop (the embedded
     server's setup, tests)."""
     return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
 
 
-def has_password(dsn: str) -> bool:
-    """Whether a connection string carries a password; ValueError if it is not one."""
-    try:
-        return bool(conninfo_to_dict(dsn).get("password"))
-    except psycopg.ProgrammingError as exc:
-        raise ValueError(str(exc)) from None
-
-
 class Queries(Protocol):
-    """What both a pooled :class:`Database` and a checked-out :class:`Connection` offer."""
+    """What both a pooled :class:`Database` and a checked-out :class:`Connection` offer:
+    named queries only."""
 
     async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]: ...
 
@@ -93,6 +106,7 @@ class Unavailable(CoordinatorError):
     """The database cannot be reached (exit code 3)."""
 
     exit_code = ExitCode.UNAVAILABLE
+    summary = "database unavailable"
 
 
 class StatementFailed(CoordinatorError):
@@ -109,15 +123,16 @@ def _translated(exc: psycopg.Error) -> Exception:
 
 
 class Connection:
-    """One checked-out connection; every call runs a named query or given SQL."""
+    """One checked-out connection; every call runs a named query."""
 
     def __init__(self, raw: psycopg.AsyncConnection[Row]) -> None:
         self.raw = raw
 
     async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-        """Run a named query (or literal SQL) and return its rows, if it has any."""
+        """Run a named query and return its rows, if it has any."""
+        sql = named(query)
         try:
-            return await aio(_fetch)(self.raw, QUERIES.get(query, query), _adapt(params))
+            return await aio(_fetch)(self.raw, sql, _adapt(params))
         except psycopg.Error as exc:
             raise _translated(exc) from None
 
@@ -126,13 +141,21 @@ class Connection:
         return found[0] if found else None
 
     async def execute(self, query: str, params: Mapping[str, Any] | None = None) -> int:
-        """Run a statement; returns the number of rows it touched."""
-        sql = QUERIES.get(query, query)
+        """Run a named statement; returns the number of rows it touched."""
+        sql = named(query)
         try:
             cursor = await aio(self.raw.execute)(sql, _adapt(params))
         except psycopg.Error as exc:
             raise _translated(exc) from None
         return cursor.rowcount
+
+    async def execute_script(self, script: str) -> None:
+        """Run SQL text that is not a named query: a migration's whole file (statements
+        without parameters). Only :mod:`migrations` sends such text."""
+        try:
+            await aio(self.raw.execute)(script)
+        except psycopg.Error as exc:
+            raise _translated(exc) from None
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:

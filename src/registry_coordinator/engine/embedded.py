@@ -22,6 +22,7 @@ class EmbeddedError(CoordinatorError):
     """The bundled server could not be started; the message says where to look."""
 
     exit_code = ExitCode.UNAVAILABLE
+    summary = "database unavailable"
 
 
 class EmbeddedPostgres:

@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from registry_coordinator.authoring.expressions import format_instant
+from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Expire, Failed, Held
 
 if TYPE_CHECKING:
-    from registry_coordinator.engine.store import Committed
+    from registry_coordinator.engine.claims import Committed
 
 runs = logging.getLogger("registry_coordinator.runs")
 
@@ -51,7 +52,7 @@ def transitions(committed: Committed, run_id: object) -> None:
     """Log what an operator should know about: runs that fail, expire or are held."""
     for step, transition in committed.taken:
         if isinstance(transition, Held | Failed):
-            what = "held" if isinstance(transition, Held) else "failed"
+            what = RunState.HELD if isinstance(transition, Held) else RunState.FAILED
             runs.warning(
                 "run %s at %s: %s: %s",
                 what,

@@ -88,7 +88,7 @@ async def migrate(db: Database) -> list[Migration]:
         await conn.execute("create_migrations_table")
         todo = await pending(conn)
         for migration in todo:
-            await conn.execute(migration.sql)
+            await conn.execute_script(migration.sql)
             await conn.execute(
                 "record_migration",
                 {

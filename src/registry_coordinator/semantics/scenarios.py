@@ -24,6 +24,7 @@ from registry_coordinator.authoring.expressions import parse_instant
 from registry_coordinator.authoring.fields import Reader, describe
 from registry_coordinator.authoring.source import DataPath, SourceMap
 from registry_coordinator.authoring.workflow import Call, WaitFor
+from registry_coordinator.semantics.codes import FailureCode, RunState
 from registry_coordinator.semantics.steps import (
     Advance,
     Await,
@@ -46,7 +47,8 @@ from registry_coordinator.semantics.steps import (
 
 DEFAULT_ADMITTED_AT = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 MAX_ATTEMPTS = 1000
-STATES = ("finished", "failed", "held", "expired")
+#: The states a scenario may expect its run to end in (nothing cancels a scenario's run).
+STATES = (RunState.FINISHED, RunState.FAILED, RunState.HELD, RunState.EXPIRED)
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class Outcome:
     """How a scenario's run ended."""
 
     path: list[str] = field(default_factory=list)
-    state: str = "running"
+    state: RunState = RunState.RUNNING
     outcome: str | None = None
     output: JSON = None
     failure: str | None = None
@@ -370,7 +372,7 @@ def run(definition: Definition, scenario: Scenario) -> Outcome:
     ended = Outcome()
     step_id = definition.workflow.start
 
-    def finish(state: str, **fields: Any) -> Outcome:
+    def finish(state: RunState, **fields: Any) -> Outcome:
         ended.state = state
         ended.elapsed = min(now, deadline) - scenario.admitted_at
         for name, value in fields.items():
@@ -380,14 +382,14 @@ def run(definition: Definition, scenario: Scenario) -> Outcome:
     while True:
         ended.path.append(step_id)
         if now >= deadline:
-            return finish("expired", failure="deadline-reached")
+            return finish(RunState.EXPIRED, failure=FailureCode.DEADLINE_REACHED.value)
         transition: Transition | _Expired = enter(definition, step_id, record, now)
         if isinstance(transition, Send):
             transition, now = _call(definition, scenario, step_id, now, ended)
         elif isinstance(transition, Sleep):
             if transition.until >= deadline:
                 now = deadline
-                return finish("expired", failure="deadline-reached")
+                return finish(RunState.EXPIRED, failure=FailureCode.DEADLINE_REACHED.value)
             now = transition.until
             transition = woke(definition, step_id)
         elif isinstance(transition, Await):
@@ -399,13 +401,13 @@ def run(definition: Definition, scenario: Scenario) -> Outcome:
             step_id = transition.next
             continue
         if isinstance(transition, Finished):
-            return finish("finished", outcome=transition.outcome, output=transition.output)
+            return finish(RunState.FINISHED, outcome=transition.outcome, output=transition.output)
         if isinstance(transition, Failed):
-            return finish("failed", failure=transition.code.value, detail=transition.detail)
+            return finish(RunState.FAILED, failure=transition.code.value, detail=transition.detail)
         if isinstance(transition, Held):
-            return finish("held", hold=transition.code.value, detail=transition.detail)
+            return finish(RunState.HELD, hold=transition.code.value, detail=transition.detail)
         if isinstance(transition, _Expired):
-            return finish("expired", failure="deadline-reached")
+            return finish(RunState.EXPIRED, failure=FailureCode.DEADLINE_REACHED.value)
         raise AssertionError(f"unexpected transition {transition!r}")
 
 

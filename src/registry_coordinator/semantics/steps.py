@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, assert_never
 from urllib.parse import quote, urlencode
 
 from registry_coordinator.authoring.canonical import (
@@ -195,45 +195,67 @@ def on_due(
 
 
 def enter(definition: Definition, step_id: str, run: RunRecord, now: datetime) -> Transition:
-    """What happens when a run arrives at ``step_id`` at ``now``."""
+    """What happens when a run arrives at ``step_id`` at ``now``: an exhaustive match
+    over the step types, so a new one that is not given its meaning here is a type error."""
     step = definition.step(step_id)
     scope = run.variables()
     try:
-        if isinstance(step, Choose):
-            for index, case in enumerate(step.cases):
-                value = definition.expression(step_id, case.when).evaluate(scope)
-                if not isinstance(value, bool):
-                    raise EvaluationError(f"{case.when}: gave {to_json(value)!r}, not a boolean")
-                if value:
-                    return Advance(case.next, f"case {index + 1}")
-            return Advance(step.otherwise, "otherwise")
-        if isinstance(step, WaitUntil):
-            due = _instant(definition.expression(step_id, step.at).evaluate(scope), step.at)
-            return Advance(step.next, "next") if due <= now else Sleep(due)
-        if isinstance(step, WaitFor):
-            key = definition.expression(step_id, step.key).evaluate(scope)
-            if not isinstance(key, str) or not key:
-                raise EvaluationError(f"{step.key}: gave {to_json(key)!r}, not a non-empty string")
-            result = definition.results[step_id]
-            try:
-                path_segment(result.fetch_input, key)  # the key names the result to read
-            except UnsafePath as exc:
-                return Failed(FailureCode.REQUEST_INVALID, detail(f"{step.key}: {exc}"))
-            timeout_at = now + step.timeout if step.timeout is not None else None
-            return Await(result, key, timeout_at)
-        if isinstance(step, Finish):
-            output = definition.render(step_id, scope) if step_id in definition.templates else None
-            problems = definition.schema_errors(definition.workflow.outcomes[step.outcome], output)
-            if problems:
-                return Failed(
-                    FailureCode.OUTPUT_INVALID,
-                    f"output for outcome {step.outcome} does not fit its schema: "
-                    + "; ".join(problems),
-                )
-            return Finished(step.outcome, output)
-        return _send(definition, step, run, scope)
+        match step:
+            case Choose():
+                return _choose(definition, step, scope)
+            case WaitUntil():
+                due = _instant(definition.expression(step_id, step.at).evaluate(scope), step.at)
+                return Advance(step.next, "next") if due <= now else Sleep(due)
+            case WaitFor():
+                return _await(definition, step, scope, now)
+            case Finish():
+                return _finish(definition, step, scope)
+            case Call():
+                return _send(definition, step, run, scope)
+            case _:
+                assert_never(step)
     except EvaluationError as exc:
         return Failed(FailureCode.EXPRESSION_ERROR, detail(str(exc)))
+
+
+def _choose(definition: Definition, step: Choose, scope: dict[str, Any]) -> Advance:
+    """The first case whose condition holds, else ``otherwise``."""
+    for index, case in enumerate(step.cases):
+        value = definition.expression(step.id, case.when).evaluate(scope)
+        if not isinstance(value, bool):
+            raise EvaluationError(f"{case.when}: gave {to_json(value)!r}, not a boolean")
+        if value:
+            return Advance(case.next, f"case {index + 1}")
+    return Advance(step.otherwise, "otherwise")
+
+
+def _await(
+    definition: Definition, step: WaitFor, scope: dict[str, Any], now: datetime
+) -> Transition:
+    """Begin to wait for the result the step's key names (refused if the key could not
+    name one: it becomes a path segment of the fetch)."""
+    key = definition.expression(step.id, step.key).evaluate(scope)
+    if not isinstance(key, str) or not key:
+        raise EvaluationError(f"{step.key}: gave {to_json(key)!r}, not a non-empty string")
+    result = definition.results[step.id]
+    try:
+        path_segment(result.fetch_input, key)  # the key names the result to read
+    except UnsafePath as exc:
+        return Failed(FailureCode.REQUEST_INVALID, detail(f"{step.key}: {exc}"))
+    timeout_at = now + step.timeout if step.timeout is not None else None
+    return Await(result, key, timeout_at)
+
+
+def _finish(definition: Definition, step: Finish, scope: dict[str, Any]) -> Transition:
+    """End with the step's outcome and its rendered output, if that fits the schema."""
+    output = definition.render(step.id, scope) if step.id in definition.templates else None
+    problems = definition.schema_errors(definition.workflow.outcomes[step.outcome], output)
+    if problems:
+        return Failed(
+            FailureCode.OUTPUT_INVALID,
+            f"output for outcome {step.outcome} does not fit its schema: " + "; ".join(problems),
+        )
+    return Finished(step.outcome, output)
 
 
 def _instant(value: Any, source: str) -> datetime:

@@ -1,11 +1,15 @@
--- Named queries of Registry Coordinator. Each starts with a `-- name:` line and
--- takes psycopg named parameters, %(name)s. Loaded by database.py at import.
+-- Named queries of Registry Coordinator, loaded by database.py at import and looked up
+-- by name only. Each starts with a `-- name:` line, then a one-line description (and,
+-- after a bare `--` line, as much more as it needs); it takes psycopg named parameters,
+-- %(name)s. The description stays in the text sent, as a comment.
 
 -- name: server_version
+-- The server's version, as a number to compare (170000 is 17.0) and as text.
 SELECT current_setting('server_version_num')::integer AS version,
        current_setting('server_version') AS text;
 
 -- name: create_migrations_table
+-- The table that records each applied migration with its file's SHA-256.
 CREATE TABLE IF NOT EXISTS coordinator_migrations (
     version     integer PRIMARY KEY,
     name        text NOT NULL,
@@ -14,28 +18,35 @@ CREATE TABLE IF NOT EXISTS coordinator_migrations (
 );
 
 -- name: migrations_table_exists
+-- Whether a migration was ever applied to this database (its table exists).
 SELECT to_regclass('coordinator_migrations') IS NOT NULL AS present;
 
 -- name: applied_migrations
+-- The migrations applied to this database, in version order.
 SELECT version, name, checksum FROM coordinator_migrations ORDER BY version;
 
 -- name: record_migration
+-- Record a migration as applied, with its file's checksum.
 INSERT INTO coordinator_migrations (version, name, checksum)
 VALUES (%(version)s, %(name)s, %(checksum)s);
 
 -- name: lock_migrations
+-- Make concurrent migrates wait for each other, until this transaction ends.
 SELECT pg_advisory_xact_lock(7261150001);
 
 -- name: store_definition
+-- Keep a pinned definition's artifact by its digest (once: a digest names its bytes).
 INSERT INTO definitions (digest, workflow_id, version, artifact)
 VALUES (%(digest)s, %(workflow_id)s, %(version)s, %(artifact)s)
 ON CONFLICT (digest) DO NOTHING;
 
 -- name: definition_artifact
+-- The artifact a definition was packaged as, by its digest.
 SELECT artifact FROM definitions WHERE digest = %(digest)s;
 
 -- name: admit_run
 -- A new run, due at once, unless admission is held or the caller already used the key.
+--
 -- The admission row is locked (shared) by the statement that inserts the run: a hold
 -- (which updates that row) and a start serialize, so a start that commits after a hold
 -- has seen it. Returns the run's id when one was admitted, and admission as it stood.
@@ -60,9 +71,11 @@ SELECT (SELECT run_id FROM evented) AS run_id,
 FROM gate;
 
 -- name: run_by_start_key
+-- The run a caller's Idempotency-Key started, and the start it stands for.
 SELECT id, start_digest FROM runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
 
 -- name: run_status
+-- One run as its status shows it, with a held call's late answer, if one came.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
@@ -76,9 +89,12 @@ LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its cla
 WHERE r.id = %(id)s;
 
 -- name: run_history
+-- A run's history events, in order.
 SELECT seq, at, kind, step, actor, detail FROM run_events WHERE run_id = %(id)s ORDER BY seq;
 
 -- name: claim_run
+-- Claim the earliest due run that nobody holds.
+--
 -- Take the earliest due run nobody holds, and hold it until the lease runs out:
 -- due_at becomes the lease's expiry, so a crashed holder's run falls due again.
 UPDATE runs r
@@ -97,6 +113,8 @@ RETURNING r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.atte
           r.lease_token, r.dispatched_at, clock_timestamp() AS now;
 
 -- name: next_due
+-- How long until work falls due: for any worker, and for the timer.
+--
 -- Seconds until the earliest due run, and until the earliest wait-until the timer
 -- wakes itself (wake_sleepers; negative when overdue, NULL when there is none).
 SELECT (SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8
@@ -108,6 +126,8 @@ SELECT (SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8
        ) AS sleeper_seconds;
 
 -- name: wake_sleepers
+-- Take due wait-untils on to their next step, many in one statement.
+--
 -- The timer service: wait-untils whose instant has come go on to their next step,
 -- many in one statement. Each is exactly the transition a worker would commit for
 -- it alone (steps.woke, store.commit): the step completed along `next`, the run due
@@ -141,6 +161,8 @@ WITH clock AS (
 SELECT lateness FROM moved;
 
 -- name: transition
+-- Commit a run's transitions and their history events, fenced on its claim.
+--
 -- Commit a run's transitions and their history events (one each, in order: a step
 -- and the steps after it that need nothing from outside), only while this claim still
 -- holds the run (its lease token) at the step it decided them for. Every transition
@@ -186,6 +208,8 @@ FROM moved m,
 RETURNING seq;
 
 -- name: unmoved
+-- Why a settling holder's transition wrote nothing.
+--
 -- Why a settling holder's transition wrote nothing: an operator asked to cancel while
 -- its claim stands (holding, cancel_requested); its own earlier sending of the same
 -- statement committed (the call's execution holds the outcome and status it was
@@ -202,11 +226,15 @@ UPDATE runs SET due_at = %(due_at)s, lease_owner = NULL, lease_token = NULL
 WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: lock_result_key
+-- Take a result key's lock before a run begins to wait for that result.
+--
 -- Taken first by the transaction in which a run begins to wait, as a delivery takes it
 -- (the function lock_result_key, schema 6), so neither misses the other.
 SELECT lock_result_key(%(connection)s, %(result)s, %(key)s);
 
 -- name: register_wait
+-- Register a run's wait; due at once if its result was delivered already.
+--
 -- A run begins to wait (in the transaction that holds lock_result_key): its wait is
 -- registered, and if its result was delivered already (even before the wait existed),
 -- it is due at once to read it.
@@ -223,6 +251,8 @@ WHERE id IN (SELECT run_id FROM registered) AND EXISTS (
 RETURNING due_at;
 
 -- name: take_over_claims
+-- Make the claims this holder's dead predecessor left due now.
+--
 -- At startup: the claims a previous process of this holder (the same host and port)
 -- still had when it died fall due at once, instead of when their leases run out. Not
 -- while any session of another process of this holder is connected: that process may
@@ -237,6 +267,8 @@ WHERE lease_owner = %(owner)s AND lease_token IS NOT NULL
       WHERE starts_with(application_name, %(family)s) AND application_name <> %(session)s);
 
 -- name: extend_leases
+-- Extend the leases of the claims this process is still working on.
+--
 -- The lease keeper: this process is still working on these claims (their calls are
 -- queued or in flight). A process that dies, or a task that gives up on a claim,
 -- stops extending it, and the run falls due when the lease runs out.
@@ -269,6 +301,7 @@ FROM moved
 RETURNING seq;
 
 -- name: set_admission
+-- Hold or release admission, and record the change in admission's history.
 WITH changed AS (
     INSERT INTO admission (held, reason, actor, at) VALUES (%(held)s, %(reason)s, %(actor)s, now())
     ON CONFLICT (singleton) DO UPDATE
@@ -284,6 +317,8 @@ SELECT id, digest, state, step, seq, attempt, dispatched_at, hold_code
 FROM runs WHERE id = %(id)s FOR UPDATE;
 
 -- name: operator_note
+-- Record an operator's action that leaves the run where it is.
+--
 -- An operator's action that leaves the run where it is (a cancellation waiting for
 -- a call in flight, a reconciliation without a receipt): only its history event.
 -- Operators' events, like every event, are never dated before the run's last one.
@@ -298,6 +333,7 @@ SELECT id, seq, at, %(kind)s, step, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: operator_cancel
+-- Cancel a run at the seq the operator read: it ends, and any wait it had is dropped.
 WITH moved AS (
     UPDATE runs
     SET state = 'cancelled', seq = seq + 1, due_at = NULL, timer_at = NULL, wakes_to = NULL,
@@ -313,6 +349,8 @@ SELECT id, seq, at, 'cancelled', step, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: operator_resume
+-- retry-same: a held run takes its step again, at once.
+--
 -- retry-same: the held run is due at once to take its step again: a call resends its
 -- sealed request, if it has one; a run held while waiting for a result (its wait is
 -- still registered) waits again, and reads the result at once.
@@ -330,6 +368,8 @@ SELECT id, seq, at, 'retry-same', step, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: operator_complete
+-- reconcile: a held call's step completes with the product's evidence.
+--
 -- reconcile: the product's own evidence (its receipt, or an answer that came back
 -- late) confirms the call; the step completes with it.
 WITH moved AS (
@@ -347,12 +387,16 @@ SELECT id, seq, at, 'reconciled', %(step)s, %(actor)s, %(event)s FROM moved
 RETURNING seq;
 
 -- name: record_delivery
+-- Keep a webhook delivery once and wake the runs waiting for it.
+--
 -- Keep a webhook delivery once per event id and wake the runs waiting for it: the
 -- function record_delivery (schema 6) says how, and why it is a function.
 SELECT recorded, woke FROM record_delivery(
     %(connection)s, %(event_id)s, %(result)s, %(key)s, %(payload)s);
 
 -- name: release_wait
+-- Give back a waiting run whose result was not final.
+--
 -- Give a waiting run back after reading a result that was not final: due again at
 -- its next poll, timeout or deadline — or at once if a delivery was recorded since
 -- it was claimed (its seq moved), which the read may not have seen. Evaluated on the
@@ -364,6 +408,8 @@ WHERE id = %(id)s AND lease_token = %(token)s
 RETURNING due_at;
 
 -- name: record_defect
+-- Let go of a run after a defect of Coordinator's own: tried again later, or held.
+--
 -- An unexpected error of Coordinator's own while this claim held the run: let go of
 -- it, due again after %(backoff)s doubled for each defect before — or, at the
 -- %(limit)s-th in a row, or when a call may have left (its outcome is not guessed),
@@ -401,6 +447,8 @@ WITH judged AS (
 SELECT state, defects FROM moved;
 
 -- name: keep_late_answer
+-- Keep an answer that came back after the claim that sent its request was lost.
+--
 -- An answer that came back after the claim that sent its request was lost: kept once
 -- on that sending's execution, and noted in the run's history, as the product's
 -- evidence (shown with the hold; reconcile uses a 2xx one).
@@ -429,6 +477,8 @@ WHERE run_id = %(id)s AND step = %(step)s AND late_status BETWEEN 200 AND 299
 ORDER BY attempt DESC LIMIT 1;
 
 -- name: list_runs
+-- One page of runs, newest first, of those a caller may see.
+--
 -- One page of runs, newest first, after the cursor (admitted_at, id): a caller's own
 -- (all callers' when caller is NULL), of the workflows its policies cover (all when
 -- readable is NULL), then as the filters ask.
@@ -451,4 +501,5 @@ ORDER BY r.admitted_at DESC, r.id DESC
 LIMIT %(limit)s;
 
 -- name: active_runs_by_state
+-- How many runs are in flight in each state, for the metrics.
 SELECT state, count(*) AS runs FROM runs WHERE ended_at IS NULL GROUP BY state;

@@ -1,0 +1,349 @@
+"""Building the ``transition`` statement: what a run's columns and history become.
+
+Pure: nothing here sends a statement or reads a clock (``now`` is an argument, as in
+:mod:`steps`), so the parameters a transition commits with can be tested without
+PostgreSQL. :func:`columns` is an exhaustive ``match`` over the transitions: a new
+kind of transition that it does not handle is a type error (``assert_never``), not a
+run committed with default columns. :func:`plan` takes the steps after an Advance
+that need nothing from outside into the same statement (``go_on``), each with its
+own event, so a crash commits all of them or none.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, assert_never
+
+from psycopg.types.json import Jsonb
+
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.authoring.expressions import format_instant
+from registry_coordinator.authoring.workflow import WaitFor
+from registry_coordinator.engine.claims import Ahead, Cancelled, Claimed, Committed, Settlement
+from registry_coordinator.semantics.codes import FailureCode, RunState
+from registry_coordinator.semantics.steps import (
+    Advance,
+    Await,
+    Expire,
+    Failed,
+    Fetch,
+    Finished,
+    Held,
+    Retry,
+    Send,
+    Sleep,
+    Transition,
+    on_due,
+    woke,
+)
+
+#: What a holder may commit in the same statement as the Advance before it: entering these
+#: steps needs neither a product nor a wait registered, so nothing lies between them.
+TAKEN_AT_ONCE = (Advance, Finished, Failed, Expire, Sleep)
+
+#: The parameters of a ``transition`` statement that belong to its first transition.
+_AS_THE_FIRST_HAS_THEM = (
+    "token",
+    "event_step",
+    "honour_cancel",
+    "call_status",
+    "call_response",
+    "call_outcome",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One ``transition`` statement and what committing it makes of the run."""
+
+    statement: dict[str, Any]  # the parameters of the ``transition`` query
+    wait: dict[str, Any] | None  # a wait-for's wait to register with it (``register_wait``)
+    taken: tuple[tuple[str, Transition | Cancelled], ...]  # (step, transition), in order
+    run: Claimed  # the run as the statement leaves it
+    ahead: Ahead | None  # the step after the chain, decided while building it
+
+    def committed(self, due_at: datetime | None = None) -> Committed:
+        """What the holder gets back once the statement committed; ``due_at`` when a
+        registered wait found its result delivered already (due at once, not as planned)."""
+        return Committed(
+            self.run,
+            due_at if due_at is not None else self.statement["due_at"],
+            self.taken,
+            self.statement["outcome"],
+            self.statement["lease_token"] is not None,
+            self.ahead,
+        )
+
+
+def plan(
+    definition: Definition | None,
+    run: Claimed,
+    transition: Transition | Cancelled,
+    lease: timedelta,
+    *,
+    keep_lease: bool,
+    poll: timedelta | None,
+    now: datetime,
+    settlement: Settlement | None,
+    go_on: bool,
+) -> Plan:
+    """The statement for ``transition`` and, with ``go_on``, the steps after it for as
+    long as they are :data:`TAKEN_AT_ONCE` (each decided at ``now``, from the run as the
+    steps before it left it). The first step after them is decided too, and handed on
+    as :attr:`Plan.ahead` rather than decided again."""
+    params, wait = columns(definition, run, transition, lease, keep_lease, poll, now, settlement)
+    taken: list[tuple[str, Transition | Cancelled]] = [(run.step, transition)]
+    events = [params]
+    moved = after(run, params, now)
+    ahead = None
+    while go_on and isinstance(taken[-1][1], Advance) and params["lease_token"] is not None:
+        assert definition is not None
+        following = on_due(definition, moved.record(), moved.step, False, None, now)
+        if not isinstance(following, TAKEN_AT_ONCE):
+            ahead = Ahead(following, now)
+            break
+        params, _ = columns(definition, moved, following, lease, keep_lease, poll, now)
+        taken.append((moved.step, following))
+        events.append(params)
+        moved = after(moved, params, now)
+    leaves_wait = run.state == RunState.WAITING
+    return Plan(statement(events, leaves_wait=leaves_wait), wait, tuple(taken), moved, ahead)
+
+
+def after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
+    """The run as a transition's columns leave it."""
+    return replace(
+        run,
+        seq=run.seq + 1,
+        state=params["state"],
+        step=params["step"],
+        attempt=params["attempt"],
+        timer_at=params["timer_at"],
+        dispatched=False,
+        outputs={**run.outputs, **params["outputs"]},
+        completed={**run.completed, **dict.fromkeys(params["completed"], now)},
+    )
+
+
+def statement(transitions: list[dict[str, Any]], *, leaves_wait: bool) -> dict[str, Any]:
+    """One ``transition`` statement for transitions taken one after another: the run's
+    columns as the last leaves them, what each step recorded, an event for each, and the
+    settled call (if any) and the cancellation check as the first has them. With
+    ``leaves_wait`` the run was waiting, and any wait it had registered is dropped."""
+    first, last = transitions[0], transitions[-1]
+    merged = {name: value for name, value in last.items() if name not in ("kind", "event")}
+    merged["leaves_wait"] = leaves_wait
+    merged.update({name: first[name] for name in _AS_THE_FIRST_HAS_THEM})
+    merged.update(
+        outputs={k: v for t in transitions for k, v in t["outputs"].items()},
+        completed={k: v for t in transitions for k, v in t["completed"].items()},
+        kinds=[t["kind"] for t in transitions],
+        event_steps=[t["event_step"] for t in transitions],
+        events=[Jsonb(t["event"]) for t in transitions],
+    )
+    return merged
+
+
+def columns(
+    definition: Definition | None,
+    run: Claimed,
+    transition: Transition | Cancelled,
+    lease: timedelta,
+    keep_lease: bool,
+    poll: timedelta | None,
+    now: datetime,
+    settlement: Settlement | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The run's new columns and history event for a transition; and a wait to register.
+
+    Every column a transition does not set goes back to its default (running, attempt 0,
+    no timer, no lease, no outcome): each transition says only what it sets, so nothing
+    is left over from the step before by omission.
+    """
+    params: dict[str, Any] = {
+        "id": run.id,
+        "token": run.token,
+        "now": now,
+        "step": run.step,
+        "event_step": run.step,
+        "actor": run.actor,
+        "state": RunState.RUNNING,
+        "attempt": 0,
+        "timer_at": None,
+        "wakes_to": None,
+        "due_at": None,
+        "lease_owner": None,
+        "lease_token": None,
+        "outputs": {},
+        "completed": {},
+        "outcome": None,
+        "output": None,
+        "failure_code": None,
+        "hold_code": None,
+        "detail": None,
+        "ends": False,
+        "honour_cancel": not isinstance(transition, Cancelled),
+        "call_status": settlement.status if settlement else None,
+        "call_response": settlement.response if settlement else None,
+        "call_outcome": settlement.outcome if settlement else None,
+    }
+    changes, wait = _changes(definition, run, transition, lease, keep_lease, poll, now)
+    params.update(changes)
+    return params, wait
+
+
+def _changes(
+    definition: Definition | None,
+    run: Claimed,
+    transition: Transition | Cancelled,
+    lease: timedelta,
+    keep_lease: bool,
+    poll: timedelta | None,
+    now: datetime,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """What ``transition`` sets of the columns :func:`columns` resets, with its event: a
+    match over every transition, so one added to ``steps.Transition`` and not handled
+    here is a type error (``assert_never``), never a run committed with the defaults."""
+    step = run.step
+    completed = {step: format_instant(now)}
+    match transition:
+        case Cancelled():
+            return _cancelled(transition, step, completed), None
+        case Advance(next=following, via=via):
+            return {
+                "step": following,
+                "due_at": now + lease if keep_lease else now,
+                "lease_owner": run.owner if keep_lease else None,
+                "lease_token": run.token if keep_lease else None,
+                "completed": completed,
+                "kind": "step-completed",
+                "event": {"via": via, "next": following},
+                **({"outputs": {step: transition.output}} if transition.has_output else {}),
+            }, None
+        case Finished(outcome=outcome, output=output):
+            return {
+                "state": RunState.FINISHED,
+                "completed": completed,
+                "outcome": outcome,
+                "output": Jsonb(output),
+                "ends": True,
+                "kind": "finished",
+                "event": {"outcome": outcome},
+            }, None
+        case Failed() | Held():
+            return _stopped(transition, run.attempt), None
+        case Expire():
+            deadline = format_instant(run.deadline_at)
+            return {
+                "state": RunState.EXPIRED,
+                "failure_code": FailureCode.DEADLINE_REACHED.value,
+                "detail": f"the deadline {deadline} passed at step {step}",
+                "ends": True,
+                "kind": "expired",
+                "event": {"deadline": deadline},
+            }, None
+        case Sleep(until=until):
+            assert definition is not None
+            return {
+                "state": RunState.WAITING,
+                "timer_at": until,
+                "wakes_to": woke(definition, step).next,  # for the timer's batches
+                "due_at": min(until, run.deadline_at),
+                "kind": "waiting",
+                "event": {"until": format_instant(until)},
+            }, None
+        case Await():
+            assert definition is not None
+            return _awaiting(definition, run, transition, poll, now)
+        case Retry(at=at, detail=detail):
+            return {
+                "attempt": run.attempt,
+                "timer_at": at,
+                "due_at": min(at, run.deadline_at),
+                "kind": "retry-scheduled",
+                "event": {"at": format_instant(at), "detail": detail},
+            }, None
+        case Send() | Fetch():
+            raise TypeError(f"{type(transition).__name__} is not committed by the store")
+        case _:
+            assert_never(transition)
+
+
+def _cancelled(transition: Cancelled, step: str, completed: dict[str, str]) -> dict[str, Any]:
+    """The run ends cancelled as its call settles, keeping the call's answer if the step
+    would have completed with it."""
+    instead = transition.instead
+    kept: dict[str, Any] = {}
+    if isinstance(instead, Advance) and instead.has_output:
+        kept = {"outputs": {step: instead.output}, "completed": completed}
+    return kept | {
+        "state": RunState.CANCELLED,
+        "detail": transition.reason,
+        "ends": True,
+        "kind": "cancelled",
+        "event": {"reason": transition.reason},
+    }
+
+
+def _stopped(transition: Failed | Held, attempt: int) -> dict[str, Any]:
+    """A failure ends the run; a hold stops it for an operator, at the same attempt."""
+    failed = isinstance(transition, Failed)
+    return {
+        "state": RunState.FAILED if failed else RunState.HELD,
+        "failure_code": transition.code.value if failed else None,
+        "hold_code": None if failed else transition.code.value,
+        "detail": transition.detail,
+        "ends": failed,
+        "attempt": attempt,
+        "kind": "failed" if failed else "held",
+        "event": {"code": transition.code.value, "detail": transition.detail},
+    }
+
+
+def _awaiting(
+    definition: Definition, run: Claimed, transition: Await, poll: timedelta | None, now: datetime
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A wait-for begins: the run waits, and its wait is registered with the transition."""
+    wait_step = definition.step(run.step)
+    assert isinstance(wait_step, WaitFor)
+    timeout = transition.timeout_at
+    changes = {
+        "state": RunState.WAITING,
+        "timer_at": timeout,
+        "due_at": wait_due(now, timeout, run.deadline_at, poll),
+        "kind": "waiting",
+        "event": {
+            "result": wait_step.result,
+            "key": transition.key,
+            "timeoutAt": format_instant(timeout) if timeout else None,
+        },
+    }
+    wait = {
+        "id": run.id,
+        "step": run.step,
+        "connection": wait_step.connection,
+        "result": transition.result.name,
+        "key": transition.key,
+        "now": now,
+        "timeout_at": timeout,
+    }
+    return changes, wait
+
+
+def wait_due(
+    now: datetime,
+    timeout: datetime | None,
+    deadline: datetime,
+    poll: timedelta | None,
+    jitter: Callable[[], float] = random.random,
+) -> datetime:
+    """When a waiting wait-for next falls due: its poll, its timeout or the deadline. The
+    poll is spread by ±10% (``jitter`` gives a number in [0, 1]), so runs that began to
+    wait in a burst do not all read their results in one burst every poll."""
+    candidates = [deadline, *([timeout] if timeout else [])]
+    if poll:
+        candidates.append(now + poll * (0.9 + 0.2 * jitter()))
+    return min(candidates)
