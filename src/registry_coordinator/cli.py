@@ -1,9 +1,11 @@
 """The ``coordinator`` command line.
 
-Exit codes everywhere: 0 ok, 1 refused or invalid, 2 usage, 3 unavailable.
-User mistakes are reported as diagnostics, never as tracebacks. The service's
-modules (Trio, psycopg, Quart) are imported only by the commands that run it, so
-the offline authoring commands start quickly.
+Exit codes everywhere (``errors.ExitCode``): 0 ok, 1 refused or invalid, 2 usage,
+3 unavailable. User mistakes are reported as diagnostics, never as tracebacks: an error
+of the product's own (``errors.CoordinatorError``) that reaches :func:`main` is printed
+as its one line (a refusal as its diagnostics) and ends the command with its exit code.
+The service's modules (Trio, psycopg, Quart) are imported only by the commands that run
+it, so the offline authoring commands start quickly.
 """
 
 from __future__ import annotations
@@ -29,23 +31,30 @@ from registry_coordinator.authoring.drawing import dot, mermaid
 from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.graph import Facts, facts
 from registry_coordinator.authoring.source import load_yaml, read_source
+from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http import remote
 from registry_coordinator.semantics.scenarios import read_scenarios, run_all
-
-OK, INVALID, USAGE, UNAVAILABLE = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's own exit code is already 2
         self.print_usage(sys.stderr)
-        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="coordinator", description="Registry Coordinator: durable workflows")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _authoring_commands(commands)
+    _service_commands(commands)
+    remote.add_arguments(commands)
+    _tutorial_commands(commands)
+    return parser
 
+
+def _authoring_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
+    """The offline commands: check, test, package, digest and draw workflows."""
     check = commands.add_parser("check", help="check workflows offline")
     check.add_argument(
         "paths",
@@ -78,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("path", type=Path, metavar="PATH")
     graph.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
 
+
+def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
+    """Running the service, and the stand-in products and tokens to try it with."""
     serve = commands.add_parser("serve", help="run the service")
     serve.add_argument("--config", type=Path, required=True, metavar="FILE")
 
@@ -136,8 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--issuer", default=None, help="the iss claim")
     token.add_argument("--audience", default=None, help="the aud claim")
 
-    remote.add_arguments(commands)
 
+def _tutorial_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
+    """The tutorial: the demo end to end, and deciding its review by hand."""
     demo = commands.add_parser("demo", help="run the tutorial end to end on this machine")
     demo.add_argument("--workflows", type=Path, default=Path("workflows"), metavar="DIR")
     demo.add_argument(
@@ -168,7 +181,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     review.add_argument("--reviewer", default="reviewer")
     review.add_argument("--comment")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,11 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     }[args.command]
     try:
         return handler(args)
-    except Refused as refused:
+    except Refused as refused:  # every reason, each on its line with its position
         _print_diagnostics(refused.diagnostics)
-        return INVALID
+        return refused.exit_code
+    except CoordinatorError as error:
+        print(f"coordinator: {error.line()}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _print_diagnostics(diagnostics: Sequence[Diagnostic]) -> None:
@@ -222,7 +237,7 @@ def _check(args: argparse.Namespace) -> int:
                 print(f"ok {report.file}: {wf.id} version {wf.version} {report.digest}")
                 if args.explain:
                     print(_facts_text(_facts(report)))
-    return OK if all(r.definition for r in reports) else INVALID
+    return ExitCode.OK if all(r.definition for r in reports) else ExitCode.INVALID
 
 
 def _facts(report: Checked) -> Facts:
@@ -331,7 +346,7 @@ def _test(args: argparse.Namespace) -> int:
             for problem in problems:
                 print(f"     {problem}")
         print(f"{len(outcomes) - len(failed)} of {len(outcomes)} scenarios passed")
-    return INVALID if failed else OK
+    return ExitCode.INVALID if failed else ExitCode.OK
 
 
 def _package(args: argparse.Namespace) -> int:
@@ -340,13 +355,13 @@ def _package(args: argparse.Namespace) -> int:
     target = write(report.artifact, report.definition, args.output)
     print(f"wrote {target}", file=sys.stderr)
     print(report.digest)
-    return OK
+    return ExitCode.OK
 
 
 def _digest(args: argparse.Namespace) -> int:
     _, digest = load_file(args.artifact)
     print(digest)
-    return OK
+    return ExitCode.OK
 
 
 def _graph(args: argparse.Namespace) -> int:
@@ -358,7 +373,7 @@ def _graph(args: argparse.Namespace) -> int:
         definition = report.definition
     draw = mermaid if args.format == "mermaid" else dot
     sys.stdout.write(draw(definition.workflow))
-    return OK
+    return ExitCode.OK
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -409,7 +424,7 @@ def _token(args: argparse.Namespace) -> int:
         lifetime = parse_duration(args.lifetime)
     except DurationError as exc:
         print(f"coordinator token: --lifetime: {exc}", file=sys.stderr)
-        return USAGE
+        return ExitCode.USAGE
     # A token lives whole seconds (exp and iat are integers): under one, it is born expired.
     if lifetime < timedelta(seconds=1):
         print(
@@ -417,7 +432,7 @@ def _token(args: argparse.Namespace) -> int:
             "the least a token can live",
             file=sys.stderr,
         )
-        return USAGE
+        return ExitCode.USAGE
     cap, source = _lifetime_cap(args.config)
     if lifetime > cap:
         print(
@@ -425,13 +440,13 @@ def _token(args: argparse.Namespace) -> int:
             f"{format_duration(cap)} ({source})",
             file=sys.stderr,
         )
-        return USAGE
+        return ExitCode.USAGE
     existed = args.key.exists()
     try:
         development_key(args.key)
     except (OSError, ValueError) as exc:
         print(f"coordinator token: {exc}", file=sys.stderr)
-        return INVALID
+        return ExitCode.INVALID
     if not existed:
         print(
             f"created development key {args.key}; its JWKS is {jwks_path(args.key)}",
@@ -447,7 +462,7 @@ def _token(args: argparse.Namespace) -> int:
             args.audience or DEVELOPMENT_AUDIENCE,
         )
     )
-    return OK
+    return ExitCode.OK
 
 
 def _lifetime_cap(config_file: Path | None) -> tuple[timedelta, str]:
@@ -498,7 +513,7 @@ def _stand_ins(args: argparse.Namespace) -> int:
     ports = {name: int(port) for name, port in pairs(args.product, "--product").items()}
     if not ports:
         print("coordinator stand-ins: name at least one --product NAME=PORT", file=sys.stderr)
-        return USAGE
+        return ExitCode.USAGE
     token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
     secret = os.environ.get("STANDIN_WEBHOOK_SECRET", "stand-in-webhook-secret")
     hooks = {
@@ -524,34 +539,27 @@ def _stand_ins(args: argparse.Namespace) -> int:
     try:
         trio.run(run)
     except KeyboardInterrupt:
-        return OK
-    return OK
+        return ExitCode.OK
+    return ExitCode.OK
 
 
 def _run_service(main: Callable[[], Awaitable[None]]) -> int:
-    """Run a Trio entry point; startup refusals become one line and an exit code."""
+    """Run a Trio entry point. What escapes Trio's nurseries comes wrapped in exception
+    groups, one inside another; an error of the product's own (or Ctrl-C) that came
+    alone is taken out of them, so the command reports it as any other: its one line
+    and its exit code. Anything else keeps its traceback."""
     import trio
-
-    from registry_coordinator.engine.database import Unavailable
-    from registry_coordinator.engine.embedded import EmbeddedError
-    from registry_coordinator.engine.migrations import SchemaMismatch
 
     try:
         trio.run(main)
-    except BaseException as exc:
-        found: BaseException = exc
+    except BaseExceptionGroup as group:
+        found: BaseException = group
         while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
             found = found.exceptions[0]
-        if isinstance(found, Unavailable | EmbeddedError):
-            print(f"coordinator: database unavailable: {found}", file=sys.stderr)
-            return UNAVAILABLE
-        if isinstance(found, SchemaMismatch):
-            print(f"coordinator: {found}", file=sys.stderr)
-            return INVALID
-        if isinstance(found, KeyboardInterrupt):
-            return 130
+        if isinstance(found, CoordinatorError | KeyboardInterrupt):
+            raise found from None
         raise
-    return OK
+    return ExitCode.OK
 
 
 def _logging() -> None:
@@ -581,15 +589,15 @@ def _review(args: argparse.Namespace) -> int:
         )
     except httpx.HTTPError as exc:
         print(f"coordinator review: {args.casework} is unavailable: {exc}", file=sys.stderr)
-        return UNAVAILABLE
+        return ExitCode.UNAVAILABLE
     if response.status_code != 200:
         print(
             f"coordinator review: refused ({response.status_code}): {response.text}",
             file=sys.stderr,
         )
-        return INVALID
+        return ExitCode.INVALID
     print(f"review {args.request}: {args.decision}")
-    return OK
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

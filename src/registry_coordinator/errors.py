@@ -2,8 +2,9 @@
 
 An error a user can act on (a refused workflow, an unreachable database, a schema this
 build does not run) is a :class:`CoordinatorError`: it carries the exit code the command
-line ends with, and its text is the one line the command prints. Anything else that
-escapes is a defect and keeps its traceback. The codes are part of the contract
+line ends with, and its text (after its class's :attr:`~CoordinatorError.summary`, if it
+has one) is the one line the command prints. Anything else that escapes is a defect and
+keeps its traceback. The codes are part of the contract
 (README, "Exit codes"): scripts and supervisors branch on them.
 """
 
@@ -31,3 +32,11 @@ class CoordinatorError(Exception):
     """An error the product raises on purpose; its text says what to do."""
 
     exit_code: ClassVar[ExitCode] = ExitCode.INVALID
+    #: What kind of trouble it is, in the few words the command line says before the
+    #: message where the message alone would not say it ("database unavailable", before
+    #: a driver's "connection refused"); empty where the message says it all.
+    summary: ClassVar[str] = ""
+
+    def line(self) -> str:
+        """The error as the command line prints it, after ``coordinator:``."""
+        return f"{self.summary}: {self}" if self.summary else str(self)

@@ -27,7 +27,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from registry_coordinator.engine import faults, store
-from registry_coordinator.engine.calls import Calls, Product, open_products
+from registry_coordinator.engine.calls import Product, open_products
 from registry_coordinator.engine.config import Config
 from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.embedded import EmbeddedPostgres
@@ -104,8 +104,7 @@ async def _supervise(
     metrics = Metrics()
     timer = Timer(db, config.engine.sweep_interval, store.actor(owner), metrics)
     holdings = store.Holdings()
-    calls = Calls(db, products, timer, config.engine.lease, metrics, holdings)
-    engine = Engine(db, workflows, timer, calls, config.engine, metrics, holdings, owner)
+    engine = Engine(db, workflows, timer, products, config.engine, metrics, holdings, owner)
     listener = Listener(db, timer)
     auth = Authenticator(config.auth, client)
     context = Context(db, workflows, timer, products, listener, auth, metrics)
@@ -121,7 +120,7 @@ async def _supervise(
         async with trio.open_nursery() as nursery:
             await nursery.start(timer.run)
             await nursery.start(listener.run)
-            await nursery.start(calls.run)
+            await nursery.start(engine.calls.run)
             await nursery.start(engine.keep_leases)
             await nursery.start(engine.run)
             await nursery.start(auth.run)  # the key set is read once before callers are served
@@ -149,6 +148,6 @@ async def _supervise(
             grace = config.engine.shutdown_grace
             with trio.move_on_after(grace.total_seconds()):
                 await engine.stopped.wait()
-            await calls.drain(grace)
+            await engine.calls.drain(grace)
             nursery.cancel_scope.cancel()
     systemd.close()

@@ -42,6 +42,7 @@ from registry_coordinator import __version__
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.workflow import Call, WaitFor
 from registry_coordinator.engine import logs, store
+from registry_coordinator.engine.backoff import ANSWER_RECORDING
 from registry_coordinator.engine.config import ConnectionConfig
 from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
 from registry_coordinator.engine.identity import (
@@ -234,9 +235,15 @@ def _retry_after(value: str | None) -> timedelta | None:
     return max(timedelta(0), when.astimezone(UTC) - datetime.now(UTC))
 
 
+#: How a run goes on after its call or read completes its step, still held: the engine's
+#: own step loop (``Engine.advance``), so the run does not wait to be claimed again.
+Proceed = Callable[[Definition, store.Claimed, store.Ahead | None], Awaitable[None]]
+
+
 @dataclass
 class Calls:
-    """The nursery every call runs in, and the products calls go to."""
+    """The nursery every call runs in, and the products calls go to. The engine builds
+    it, giving it the step loop a run goes on in (``proceed``); it knows no engine."""
 
     db: Database
     products: dict[str, Product]
@@ -244,13 +251,9 @@ class Calls:
     lease: timedelta
     metrics: Metrics
     holdings: store.Holdings
+    proceed: Proceed
 
     def __post_init__(self) -> None:
-        # How a run goes on after its call or read completes its step, still held: the
-        # engine sets this to its own step loop, so the run does not wait to be claimed.
-        self.proceed: (
-            Callable[[Definition, store.Claimed, store.Ahead | None], Awaitable[None]] | None
-        ) = None
         self._nursery: trio.Nursery | None = None
         self._stopping = False
         self._in_flight = 0
@@ -417,7 +420,6 @@ class Calls:
         """Take the run's next steps now if its call or read completed its step."""
         if committed is None or not committed.held:
             return
-        assert self.proceed is not None, "the engine sets proceed when it is built"
         await self.proceed(definition, committed.run, committed.ahead)
 
     async def _settle_persistently(
@@ -429,7 +431,7 @@ class Calls:
         the call's execution. If the claim was lost meanwhile, the answer is kept as late
         evidence. At shutdown the wait ends, and the run is taken up later as interrupted."""
         transition = settle(definition, run.step, reply, run.attempt, run.now())
-        pause = 0.5
+        outages = 0  # in a row; a refused answer is recorded again at once, as a hold
         while True:
             try:
                 return await self._settle(definition, run, reply, transition)
@@ -450,8 +452,8 @@ class Calls:
                 raise
             if self._stopping:
                 return None
-            await trio.sleep(pause)
-            pause = min(pause * 2, 5.0)
+            outages += 1
+            await trio.sleep(ANSWER_RECORDING.pause(outages))
 
     async def _settle(
         self,

@@ -4,6 +4,10 @@ Relative paths are taken from the configuration file's directory, so a file and
 the artifacts beside it can move together. Secrets are never values in the file:
 fields that hold one take ``env:NAME`` or ``file:/path`` and are resolved when
 the file is read, so a missing secret stops startup with the field's position.
+
+Reading it never connects (``coordinator token --config`` reads it too): a connection
+string is judged by psycopg's own parser of libpq's syntax, without the event loop's
+database layer.
 """
 
 from __future__ import annotations
@@ -14,12 +18,22 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.fields import Reader, describe
 from registry_coordinator.authoring.source import DataPath, load_yaml, read_source
 from registry_coordinator.authoring.workflow import NAME
-from registry_coordinator.engine.database import has_password
+
+
+def has_password(dsn: str) -> bool:
+    """Whether a connection string carries a password; ValueError if it is not one."""
+    try:
+        return bool(conninfo_to_dict(dsn).get("password"))
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -233,8 +247,23 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
     # Twice the refresh at least, so that a failed read is retried before tokens are refused.
     least = 2 * refresh
     max_stale = _duration(reader, data, "jwksMaxStale", path, max(timedelta(hours=1), least), least)
+    policies = _policies(reader, data.get("policies"), path)
+    return AuthConfig(
+        "jwt",
+        (base / jwks_file).resolve() if jwks_file else None,
+        jwks_url,
+        reader.string(data, "issuer", path, "auth"),
+        reader.string(data, "audience", path, "auth"),
+        lifetime,
+        policies,
+        refresh,
+        max_stale,
+    )
+
+
+def _policies(reader: Reader, items: JSON, path: DataPath) -> tuple[Policy, ...]:
+    """auth's policies: who may start, read and cancel which runs, or act as an operator."""
     policies = []
-    items = data.get("policies")
     if not isinstance(items, list):
         reader.report(
             "field.type",
@@ -285,17 +314,7 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
             policies.append(
                 Policy(client, lists["scopes"], lists["workflows"], lists["actions"], operator)
             )
-    return AuthConfig(
-        "jwt",
-        (base / jwks_file).resolve() if jwks_file else None,
-        jwks_url,
-        reader.string(data, "issuer", path, "auth"),
-        reader.string(data, "audience", path, "auth"),
-        lifetime,
-        tuple(policies),
-        refresh,
-        max_stale,
-    )
+    return tuple(policies)
 
 
 def _safe_jwks_url(url: str) -> bool:

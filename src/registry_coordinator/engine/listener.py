@@ -13,6 +13,7 @@ import logging
 
 import trio
 
+from registry_coordinator.engine.backoff import LISTENER_RECONNECT
 from registry_coordinator.engine.database import Database, Unavailable, notifications
 from registry_coordinator.engine.timers import Timer
 
@@ -29,14 +30,14 @@ class Listener:
         self.first_connected = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        backoff = 0.1
+        failures = 0  # connections refused or lost since the listener was last connected
         started = False
         while True:
             try:
                 async with notifications(self.db, CHANNEL) as received:
                     self.connected = True
                     self.first_connected.set()
-                    backoff = 0.1
+                    failures = 0
                     if not started:
                         task_status.started()
                         started = True
@@ -47,10 +48,11 @@ class Listener:
                     async for _ in received:
                         self.timer.runnable()
             except Unavailable as exc:
-                log.warning("listener disconnected (%s); reconnecting in %.1f s", exc, backoff)
+                pause = LISTENER_RECONNECT.pause(failures + 1)
+                log.warning("listener disconnected (%s); reconnecting in %.1f s", exc, pause)
             self.connected = False
             if not started:
                 task_status.started()
                 started = True
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            failures += 1
+            await trio.sleep(LISTENER_RECONNECT.pause(failures))

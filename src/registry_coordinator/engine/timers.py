@@ -21,6 +21,7 @@ from datetime import timedelta
 import trio
 
 from registry_coordinator.engine import store
+from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.database import Database, Unavailable
 from registry_coordinator.engine.metrics import Metrics
 
@@ -95,7 +96,7 @@ class Timer:
             except Unavailable as exc:
                 failures += 1
                 log.warning("timer: database unavailable: %s", exc)
-                delay = min(30.0, 0.5 * 2**failures)
+                delay = DATABASE_OUTAGE.pause(failures)
             finally:
                 self._ticking = False
             self._target = min(trio.current_time() + delay, self._scheduled_meanwhile)

@@ -26,26 +26,32 @@ import trio
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine import logs, store
-from registry_coordinator.engine.calls import Calls
+from registry_coordinator.engine.backoff import DATABASE_OUTAGE
+from registry_coordinator.engine.calls import Calls, Product
 from registry_coordinator.engine.config import EngineConfig
 from registry_coordinator.engine.database import Database, Unavailable
 from registry_coordinator.engine.faults import crash_point
 from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
-from registry_coordinator.semantics.codes import HoldCode
+from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Expire, Fetch, Send, Transition, detail, on_due
 
 log = logging.getLogger(__name__)
 
 
 class Engine:
+    """The workers, the lease keeper, and the call pools a run at a call step is handed
+    to. The engine builds its pools (:attr:`calls`), so a run whose call completes its
+    step goes on in :meth:`advance` without being claimed again; the pools know only
+    that method, not the engine."""
+
     def __init__(
         self,
         db: Database,
         workflows: Workflows,
         timer: Timer,
-        calls: Calls,
+        products: dict[str, Product],
         config: EngineConfig,
         metrics: Metrics,
         holdings: store.Holdings,
@@ -54,12 +60,11 @@ class Engine:
         self.db = db
         self.workflows = workflows
         self.timer = timer
-        self.calls = calls
+        self.calls = Calls(db, products, timer, config.lease, metrics, holdings, self.advance)
         self.config = config
         self.metrics = metrics
         self.holdings = holdings
         self.owner = owner  # this process, as a lease holder
-        calls.proceed = self.advance
         self.stopping = False
         self.stopped = trio.Event()
 
@@ -112,7 +117,7 @@ class Engine:
             except Unavailable as exc:
                 failures += 1
                 log.warning("database unavailable: %s", exc)
-                await trio.sleep(min(30.0, 0.5 * 2**failures))
+                await trio.sleep(DATABASE_OUTAGE.pause(failures))
             except Exception:
                 # Not even the defect could be recorded: the run is left to its lease,
                 # and this worker carries on with other runs.
@@ -166,7 +171,7 @@ class Engine:
                     definition,
                     run.record(),
                     run.step,
-                    run.state == "waiting",
+                    run.state == RunState.WAITING,
                     run.timer_at,
                     now,
                     run.dispatched,
