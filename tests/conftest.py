@@ -1,4 +1,5 @@
-"""Fixtures: a PostgreSQL cluster per test process, a fresh database per test."""
+"""Fixtures: a PostgreSQL cluster per test process, a fresh database per test, and the
+services a test starts on it, each stopped when the test ends."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 # database first: it imports trio_asyncio before psycopg, as psycopg requires under Trio.
 import registry_coordinator.engine.database  # noqa: F401
 
-from .harness import Cluster
+from .harness import Cluster, Services
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +36,12 @@ def cluster() -> Iterator[Cluster]:
 def dsn(cluster: Cluster) -> str:
     """A new, empty database for this test."""
     return cluster.create_database()
+
+
+@pytest.fixture
+def services(dsn: str, tmp_path: Path) -> Iterator[Services]:
+    """``services(workflows, **options)`` starts a service on this test's database (model:
+    Procrastinate's ``job_factory``); whatever a test started is stopped when it ends, so
+    its body holds only what it tests."""
+    with Services(tmp_path, dsn) as started:
+        yield started

@@ -2,7 +2,9 @@
 
 Nothing here is a mock: the cluster is the wheel's PostgreSQL 18, each test gets
 its own database in it, and the service runs as a separate ``coordinator serve``
-process that the tests start, query over HTTP, and kill with signals.
+process that the tests start, query over HTTP, and kill with signals. Every service
+and stand-in a test starts through :class:`Services` (the ``services`` fixture) is
+stopped when the test ends, however it ends.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.engine.embedded import EmbeddedPostgres
 from registry_coordinator.engine.migrations import migrate as migrate_schema
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER, sign
+from registry_coordinator.semantics.codes import RunState
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / "workflows"
@@ -249,9 +252,7 @@ def bound_to_one(
     that port."""
     port = free_port()
     bound = {name: connection(product, port, **(settings or {}))}
-    config = write_config(directory, dsn, [workflow], connections=bound, **options)
-    migrate(config)
-    return config, port
+    return Services(directory, dsn).configure([workflow], connections=bound, **options), port
 
 
 def process_env(**extra: str) -> dict[str, str]:
@@ -590,45 +591,84 @@ def put_to_sleep(
         )
 
 
-def wait_state(dsn: str, run: str, state: str, timeout: float = 30) -> None:
-    wait_for(dsn, "SELECT state FROM runs WHERE id = %s", state, timeout, params=(run,))
+def wait_state(dsn: str, run: str, state: RunState | str, timeout: float = 30) -> None:
+    """Until the run is in ``state``. A name no run state has is refused at once: waiting
+    for it would only time out."""
+    expected = RunState(state).value
+    wait_for(dsn, "SELECT state FROM runs WHERE id = %s", expected, timeout, params=(run,))
 
 
-@contextmanager
-def deployment(
-    tmp_path: Path,
-    dsn: str,
-    workflows: list[str],
-    connections: dict[str, tuple[str, dict[str, Any]]],
-    *,
-    webhooks: bool = False,
-    stand_in_env: dict[str, str] | None = None,
-    also: dict[str, int] | None = None,
-    **options: Any,
-) -> Iterator[tuple[Service, StandIns]]:
-    """Stand-in products and a migrated service bound to them, both running.
+class Services:
+    """The services one test (or one module) starts on its database, with their files in
+    one directory; every one of them, and every stand-in, is stopped when it ends.
 
-    ``connections`` maps each connection name to its product kind and settings; one
-    stand-in serves each kind, and ``also`` names more stand-ins (the IdP) by port.
-    With ``webhooks`` the stand-ins deliver signed results to the service, each
-    product to the first connection bound to it.
+    ``services(workflows, **options)`` is the usual start: a configuration pinning
+    ``workflows`` (``options`` are :func:`write_config`'s), migrated, and ``coordinator
+    serve`` listening on it. A test that starts the service later, again, or twice on one
+    configuration takes the two apart: :meth:`configure`, then :meth:`start`.
     """
-    port = free_port()
-    ports: dict[str, int] = dict(also or {})
-    bound: dict[str, dict[str, Any]] = {}
-    hooks: dict[str, str] = {}
-    for name, (kind, settings) in connections.items():
-        ports.setdefault(kind, free_port())
-        bound[name] = connection(kind, ports[kind], **settings)
-        if webhooks:
-            bound[name].setdefault("webhookSecret", "env:STANDIN_WEBHOOK_SECRET")
-            hooks.setdefault(kind, f"http://127.0.0.1:{port}/v1/results/{name}")
-    config = write_config(tmp_path, dsn, workflows, port=port, connections=bound, **options)
-    migrate(config)
-    with (
-        stand_ins(
-            tmp_path / "standins.log", ports, webhooks=hooks, env=stand_in_env, delivery_delay=0.3
-        ) as products,
-        running(config, tmp_path / "service.log") as service,
-    ):
-        yield service, products
+
+    def __init__(self, directory: Path, dsn: str) -> None:
+        self.directory = directory
+        self.dsn = dsn
+        self._started = ExitStack()
+
+    def __enter__(self) -> Services:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._started.close()
+
+    def __call__(self, workflows: Sequence[str | Path], **options: Any) -> Service:
+        return self.start(self.configure(workflows, **options))
+
+    def configure(self, workflows: Sequence[str | Path], **options: Any) -> Path:
+        """A migrated configuration, for the test to start a service on when it chooses."""
+        config = write_config(self.directory, self.dsn, workflows, **options)
+        migrate(config)
+        return config
+
+    def start(self, config: Path, log: Path | None = None, crash_at: str | None = None) -> Service:
+        """A service listening on ``config``, logging to ``log`` (``service.log`` unless
+        named), killing itself at the crash point ``crash_at`` if one is named."""
+        log = log or self.directory / "service.log"
+        return self._started.enter_context(running(config, log, crash_at))
+
+    def deploy(
+        self,
+        workflows: Sequence[str | Path],
+        connections: dict[str, tuple[str, dict[str, Any]]],
+        *,
+        webhooks: bool = False,
+        stand_in_env: dict[str, str] | None = None,
+        also: dict[str, int] | None = None,
+        **options: Any,
+    ) -> tuple[Service, StandIns]:
+        """Stand-in products and a migrated service bound to them, both running.
+
+        ``connections`` maps each connection name to its product kind and settings; one
+        stand-in serves each kind, and ``also`` names more stand-ins (the IdP) by port.
+        With ``webhooks`` the stand-ins deliver signed results to the service, each
+        product to the first connection bound to it.
+        """
+        port = free_port()
+        ports: dict[str, int] = dict(also or {})
+        bound: dict[str, dict[str, Any]] = {}
+        hooks: dict[str, str] = {}
+        for name, (kind, settings) in connections.items():
+            ports.setdefault(kind, free_port())
+            bound[name] = connection(kind, ports[kind], **settings)
+            if webhooks:
+                bound[name].setdefault("webhookSecret", "env:STANDIN_WEBHOOK_SECRET")
+                hooks.setdefault(kind, f"http://127.0.0.1:{port}/v1/results/{name}")
+        config = self.configure(workflows, port=port, connections=bound, **options)
+        products = self._started.enter_context(
+            stand_ins(
+                self.directory / "standins.log",
+                ports,
+                webhooks=hooks,
+                env=stand_in_env,
+                delivery_delay=0.3,
+            )
+        )
+        return self.start(config), products

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from registry_coordinator.engine.database import Connection, Database, Row, Unavailable
+from registry_coordinator.engine.database import Connection, Database, Row, Unavailable, aio
 
 T = TypeVar("T")
 
@@ -143,7 +143,11 @@ class Failing(Database):
 async def blocked_or_done(observer: Database, done: trio.Event) -> bool:
     """Wait until another session waits for a lock (True), or ``done`` is set (False)."""
     while not done.is_set():
-        row = await observer.row("SELECT count(*) AS n FROM pg_locks WHERE NOT granted")
+        async with observer.connection() as conn:  # a test's own SQL: not a named query
+            cursor = await aio(conn.raw.execute)(
+                "SELECT count(*) AS n FROM pg_locks WHERE NOT granted"
+            )
+            row = await aio(cursor.fetchone)()
         if row is not None and row["n"] > 0:
             return True
         await trio.sleep(0.01)
@@ -191,10 +195,10 @@ async def rival_while_uncommitted(
     the rival waited for the commit, and what the rival returned."""
     contender = _Rival(rival)
     async with db.connection() as conn:
-        await conn.execute("BEGIN")
+        await aio(conn.raw.execute)("BEGIN")
         await first(Uncommitted(conn, db.dsn))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(contender.run)
             blocked = await blocked_or_done(db, contender.done)
-            await conn.execute("COMMIT")
+            await aio(conn.raw.execute)("COMMIT")
     return blocked, contender.result[0]

@@ -1,0 +1,1 @@
+"""Fault injection: SIGKILL at crash points, database outages and restarts, under load."""

@@ -1,0 +1,273 @@
+"""Call tasks in-process, against a stand-in product on loopback: what a shutdown, an
+outage that outlasts the lease, or a database that refuses an answer leave behind.
+
+The call pool runs as in the service; the test holds the database handle it is given
+(:mod:`tests.interleave`), so a statement can stop, fail, or fail after committing
+exactly where the case needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import trio
+from trio import fail_after
+
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.devtools.standins import StandIn, Tokens
+from registry_coordinator.engine import store
+from registry_coordinator.engine.calls import Calls, Proceed, Sending, open_products
+from registry_coordinator.engine.config import Config, load_config
+from registry_coordinator.engine.database import Database, StatementFailed, sync_connection
+from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.timers import Timer
+from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.http import operations
+from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.semantics.steps import Held, Request, Send, on_due
+from tests.harness import (
+    STANDIN_TOKEN,
+    admit,
+    connection,
+    database,
+    events,
+    free_port,
+    write_config,
+)
+from tests.interleave import Failing, Paused
+
+LEASE = timedelta(seconds=30)
+#: Seconds after which a test that waits for something is failed as hung, not timed.
+HANG = 60
+
+
+def breg_config(tmp_path: Path, dsn: str, workflow: str, port: int) -> Config:
+    return load_config(
+        write_config(tmp_path, dsn, [workflow], connections={"registry": connection("breg", port)})
+    )
+
+
+@asynccontextmanager
+async def breg(dsn: str, size: int = 2) -> AsyncIterator[tuple[Database, StandIn, int]]:
+    """A migrated database and a stand-in BReg serving on a free port."""
+    port = free_port()
+    product = StandIn("breg", Tokens(STANDIN_TOKEN))
+    async with database(dsn, size) as db, trio.open_nursery() as nursery:
+        await nursery.start(product.serve, "127.0.0.1", port)
+        yield db, product, port
+        nursery.cancel_scope.cancel()
+
+
+async def stay(_: Definition, __: store.Claimed, ___: store.Ahead | None) -> None:
+    """A run that goes on after its call is left where its call left it."""
+
+
+@asynccontextmanager
+async def call_pool(
+    config: Config, db: Database, lease: timedelta = LEASE, proceed: Proceed = stay
+) -> AsyncIterator[Calls]:
+    """The configured connections' call pool, running, its runs going on in ``proceed``
+    (the engine's step loop in the service). A test that waits in it for something that
+    never comes fails as hung after :data:`HANG` seconds."""
+    async with open_products(config.connections) as (products, _), trio.open_nursery() as pools:
+        timer = Timer(db, timedelta(seconds=60), "coordinator:holder:1", Metrics())
+        calls = Calls(db, products, timer, lease, Metrics(), store.Holdings(), proceed)
+        await pools.start(calls.run)
+        with fail_after(HANG):
+            yield calls
+        pools.cancel_scope.cancel()
+
+
+async def claimed_call(
+    db: Database, workflow: str, lease: timedelta = LEASE
+) -> tuple[Definition, store.Claimed, Send]:
+    definition, _ = await admit(db, workflow, {"recordId": "app-1"})
+    run = await store.claim(db, "holder:1", lease)
+    assert run is not None
+    send = on_due(definition, run.record(), run.step, False, None, run.now())
+    assert isinstance(send, Send)
+    return definition, run, send
+
+
+def run_row(dsn: str) -> dict[str, object]:
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT state, step, hold_code, dispatched_at FROM runs").fetchone()
+    assert row is not None
+    return dict(row)
+
+
+@pytest.mark.trio
+async def test_a_shutdown_while_a_run_goes_on_after_its_call_keeps_the_answer(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read's answer is recorded and the run goes on, still held, in the call's task;
+    the service stops right then. The run stays where the answer took it: the call is
+    not recorded a second time as interrupted (it used to be, sending the run back)."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (db, _, port):
+        config = breg_config(tmp_path, dsn, "bench-four", port)
+        definition, run, read = await claimed_call(db, "bench-four")
+        going_on = trio.Event()
+
+        async def proceed(_: Definition, run: store.Claimed, ahead: store.Ahead | None) -> None:
+            assert run.step == "act" and ahead is not None and isinstance(ahead.transition, Send)
+            going_on.set()
+            await trio.sleep_forever()  # the engine's step loop, when the shutdown comes
+
+        async with call_pool(config, db, proceed=proceed) as calls:
+            calls.submit(definition, run, read.request)
+            await going_on.wait()
+            await calls.drain(timedelta(0))  # the shutdown: calls in flight are cancelled
+    kinds = [(e["kind"], e["step"]) for e in events(dsn, str(run.id))]
+    assert kinds == [
+        ("admitted", "read"),
+        ("call-dispatched", "read"),
+        ("step-completed", "read"),
+        ("step-completed", "decide"),
+    ]
+    assert {k: v for k, v in run_row(dsn).items() if k in ("state", "step")} == {
+        "state": RunState.RUNNING,
+        "step": "act",
+    }
+
+
+@pytest.mark.trio
+async def test_a_request_sealed_as_the_shutdown_came_is_recorded_as_not_sent(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shutdown comes while the mutation is being sealed: its statement has committed,
+    its reply is on the way. The sealing completes; the request, which had not begun to
+    leave, is recorded as not sent, and the next holder sends it — where the run used to
+    be held as interrupted, a mutation that was never sent."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (db, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        definition, run, send = await claimed_call(db, "act")
+        sealing = Paused(db, after="dispatch_call")
+        async with call_pool(config, sealing) as calls:
+            calls.submit(definition, run, send.request)
+            await sealing.reached.wait()
+            await calls.drain(timedelta(0))  # the shutdown
+            sealing.go()
+        with sync_connection(dsn) as conn:  # its retry has come
+            conn.execute("UPDATE runs SET due_at = now()")
+        again = await store.claim(db, "holder:2", LEASE)
+        assert again is not None and not again.dispatched
+        later = again.now() + timedelta(minutes=1)
+        assert isinstance(
+            on_due(definition, again.record(), again.step, False, again.timer_at, later), Send
+        )
+    assert product.ledger.requests == []
+    history = events(dsn, str(run.id))
+    assert [e["kind"] for e in history] == ["admitted", "call-dispatched", "retry-scheduled"]
+    assert history[-1]["detail"]["detail"] == "not sent: the service stopped before sending"
+    assert run_row(dsn)["dispatched_at"] is None
+
+
+@pytest.mark.trio
+async def test_an_answer_after_the_claim_was_lost_is_kept_and_reconcile_uses_it(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database outage outlasts the lease while BReg applies the mutation; another
+    holder takes the run over and holds it dispatch-interrupted. When the database comes
+    back, the answer the call task holds is kept with the run and shown with the hold,
+    and reconcile completes the step with it (invoke-action has no receipt lookup). It
+    used to be dropped, leaving an operator nothing but a guess."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    lease = timedelta(seconds=1)
+    async with breg(dsn, size=3) as (db, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        definition, run, send = await claimed_call(db, "act", lease)
+        outage = Failing(db, "transition")
+        outage.failing_before = 10**9
+        async with call_pool(config, outage, lease) as calls:
+            calls.submit(definition, run, send.request)
+            await outage.refused.wait()  # answered, and the answer cannot be recorded
+            taken = None
+            while taken is None:  # the lease runs out: another holder takes the run over
+                await trio.sleep(0.1)
+                taken = await store.claim(db, "holder:2", LEASE)
+            interrupted = on_due(
+                definition, taken.record(), taken.step, False, None, taken.now(), True
+            )
+            assert isinstance(interrupted, Held)
+            await store.commit(db, definition, taken, interrupted, LEASE)
+            outage.failing_before = 0  # the database is back
+            while "late-answer" not in [e["kind"] for e in events(dsn, str(run.id))]:
+                await trio.sleep(0.05)
+            held = await store.status(db, run.id)
+            assert held is not None and held["hold_code"] == "dispatch-interrupted"
+            assert (held["late_attempt"], held["late_status"]) == (1, 200)
+            await operations.reconcile(
+                db, Workflows([]), calls.products, calls.timer, run.id, "ops", "OPS-7: BReg up"
+            )
+    history = events(dsn, str(run.id))
+    assert [e["kind"] for e in history] == [
+        "admitted",
+        "call-dispatched",
+        "held",
+        "late-answer",
+        "reconciled",
+    ]
+    assert history[-1]["detail"]["evidence"] == "late-answer"
+    assert len(product.ledger.requests) == 1  # nothing was sent again
+    with sync_connection(dsn) as conn:
+        outputs = conn.execute("SELECT outputs FROM runs").fetchone()
+    assert outputs is not None and outputs["outputs"]["invoke"]["status"] == "accepted"
+
+
+@pytest.mark.trio
+async def test_an_answer_the_database_refuses_holds_the_run_with_the_answer_kept(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database refuses the statement recording a call's answer (a defect, not an
+    outage): the run is held engine-defect at once, with the answer's bytes kept on the
+    call's execution, instead of being left to its lease to be found interrupted."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (db, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        definition, run, send = await claimed_call(db, "act")
+        refusing = Failing(db, "transition", StatementFailed)
+        refusing.failing_before = 1
+        async with call_pool(config, refusing) as calls:
+            calls.submit(definition, run, send.request)
+            while run_row(dsn)["state"] != RunState.HELD:
+                await trio.sleep(0.02)
+    row = run_row(dsn)
+    assert row["hold_code"] == "engine-defect"
+    history = events(dsn, str(run.id))
+    assert [e["kind"] for e in history] == ["admitted", "call-dispatched", "held"]
+    assert "the database refused to record the answer (2xx)" in history[-1]["detail"]["detail"]
+    with sync_connection(dsn) as conn:
+        execution = conn.execute("SELECT outcome, status, response FROM executions").fetchone()
+    assert execution is not None
+    assert (execution["outcome"], execution["status"]) == ("response", 200)
+    assert b'"status": "accepted"' in bytes(execution["response"])
+    assert len(product.ledger.requests) == 1
+
+
+@pytest.mark.trio
+async def test_the_connection_trace_tells_when_a_request_leaves(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """httpcore's trace reports the moment before a request's first byte is written: a
+    shutdown's "not sent" relies on it. Should a newer httpcore stop reporting it, this
+    fails, while the service falls back to counting every request handed over as sent."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (_, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        async with open_products(config.connections) as (products, _):
+            registry = products["registry"]
+            read = Request("GET", "/v1/records/applications/app-1", None, None)
+            sending = Sending()
+            assert sending.never_left
+            reply = await registry.send(
+                read, registry.url(read.target), f"Bearer {STANDIN_TOKEN}", sending
+            )
+    assert reply.status == 200
+    assert sending.left and Sending.proven and not sending.never_left
+    assert len(product.ledger.requests) == 1

@@ -1,0 +1,109 @@
+"""The configuration file: documented example, every problem at once, secrets by reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.engine.config import load_config
+from tests.harness import ROOT, coordinator
+
+
+def refused(path: Path) -> list[tuple[str, int | None]]:
+    with pytest.raises(Refused) as caught:
+        load_config(path)
+    return [(d.code, d.line) for d in caught.value.diagnostics]
+
+
+def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COORDINATOR_DATABASE_URL", "postgresql://coordinator@db/coordinator")
+    config = load_config(ROOT / "config" / "coordinator.example.yaml")
+    assert config.database.dsn == "postgresql://coordinator@db/coordinator"
+    assert config.database.embedded is None
+    assert config.engine.workers == 4
+    assert config.workflows[0].artifact == ROOT / "artifacts" / "review-application-1.json"
+
+
+def test_every_problem_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "database:\n"
+        "  dsn: postgresql://app:hunter2@db/coordinator\n"
+        "  poolSize: 1\n"
+        "listen: {port: 99999}\n"
+        "workflows:\n"
+        "  - artifact: a.json\n"
+        "    digest: md5:abc\n"
+        "engine:\n"
+        "  workers: 0\n"
+        "  lease: PT1S\n"
+        "  sweepInterval: soon\n"
+        "colour: blue\n"
+        "auth: {mode: none}\n"
+    )
+    assert sorted(refused(path), key=lambda p: p[1] or 0) == [
+        ("config.secret-literal", 2),
+        ("config.invalid-value", 3),
+        ("config.invalid-value", 4),
+        ("config.invalid-value", 7),
+        ("config.invalid-value", 9),
+        ("config.invalid-value", 10),
+        ("duration.invalid", 11),
+        ("field.unknown", 12),
+    ]
+
+
+def test_secrets_come_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "dsn"
+    secret.write_text("postgresql://app:pw@db/coordinator\n")
+    path = tmp_path / "config.yaml"
+    path.write_text(f"database: {{dsn: 'file:{secret}'}}\nworkflows: []\nauth: {{mode: none}}\n")
+    assert load_config(path).database.dsn == "postgresql://app:pw@db/coordinator"
+    path.write_text("database: {dsn: 'env:NOT_SET_ANYWHERE'}\nworkflows: []\nauth: {mode: none}\n")
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    assert refused(path) == [("config.secret-unavailable", 1)]
+    path.write_text("database: {dsn: 'file:/no/such/file'}\nworkflows: []\nauth: {mode: none}\n")
+    assert refused(path) == [("config.secret-unavailable", 1)]
+
+
+def test_database_needs_exactly_one_of_dsn_and_embedded(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("database: {}\nworkflows: []\nauth: {mode: none}\n")
+    assert refused(path) == [("config.invalid-value", 1)]
+    path.write_text(
+        "database: {dsn: 'env:X', embedded: {dataDirectory: d}}\n"
+        "workflows: []\nauth: {mode: none}\n"
+    )
+    assert refused(path) == [("config.invalid-value", 1)]
+    path.write_text("database: {embedded: {dataDirectory: d}}\nworkflows: []\nauth: {mode: none}\n")
+    assert load_config(path).database.embedded == tmp_path / "d"
+
+
+def test_cli_refuses_a_bad_configuration_with_exit_1(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("database: [\n")
+    result = coordinator("serve", "--config", path)
+    assert result.returncode == 1
+    assert "yaml.syntax" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_reading_the_configuration_loads_no_event_loop_nor_its_database_layer() -> None:
+    """``coordinator token --config`` reads the configuration and never connects: it must
+    not pay for (nor depend on) trio, trio-asyncio and the service's database layer."""
+    probe = (
+        "import sys, registry_coordinator.engine.config as c; "
+        "c.has_password('host=db user=app'); "
+        "print(sorted(m for m in ('trio', 'trio_asyncio', 'registry_coordinator.engine.database')"
+        " if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

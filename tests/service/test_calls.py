@@ -1,0 +1,231 @@
+"""Product calls against stand-in products on loopback that count every request and key.
+
+The stand-ins' ledgers are the evidence: how many requests a product received,
+with which idempotency keys and body digests, and how many it applied.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.semantics.codes import RunState
+from tests.harness import (
+    Service,
+    Services,
+    bound_to_one,
+    events,
+    run_state,
+    running,
+    stand_ins,
+    wait_state,
+)
+
+
+def kinds(dsn: str, run: str) -> list[str]:
+    return [e["kind"] for e in events(dsn, run)]
+
+
+def test_a_product_down_for_5_s_then_back(dsn: str, tmp_path: Path) -> None:
+    config, port = bound_to_one(tmp_path, dsn, "notify", "notices", "messaging")
+    with running(config, tmp_path / "service.log") as service:
+        run = service.start_run("notify", {"email": "a@example.org"})
+        time.sleep(5)
+        assert run_state(dsn, run)["state"] == RunState.RUNNING
+        with stand_ins(tmp_path / "standins.log", {"messaging": port}) as products:
+            wait_state(dsn, run, RunState.FINISHED, timeout=40)
+            posts = products.requests("messaging", "POST", "/v1/messages")
+    history = events(dsn, run)
+    retries = [e for e in history if e["kind"] == "retry-scheduled"]
+    assert len(retries) >= 2, history
+    assert all("not sent" in e["detail"]["detail"] for e in retries)
+    assert len(posts) == 1  # nothing reached the product while it was down
+    assert history[-1]["kind"] == "finished"
+
+
+def test_a_lost_response_holds_the_run_and_reconcile_completes_it(
+    dsn: str, services: Services
+) -> None:
+    service, products = services.deploy(
+        ["notify"], {"notices": ("messaging", {"requestTimeout": "PT1S"})}
+    )
+    products.faults(
+        "messaging",
+        {"match": "POST /v1/messages", "mode": "hang-after-apply", "seconds": 30, "times": 1},
+    )
+    run = service.start_run("notify", {"email": "a@example.org"})
+    wait_state(dsn, run, RunState.HELD)
+    status = service.status(run)
+    assert status["hold"]["code"] == "outcome-unknown"
+    time.sleep(1.5)  # nothing is resent on its own
+    posts = products.requests("messaging", "POST", "/v1/messages")
+    assert len(posts) == 1
+    assert products.ledger("messaging")["applied"] == {posts[0]["key"]: 1}
+
+    refused = service.http.post(f"/v1/runs/{run}/reconcile", json={})
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "request.reason-missing"
+    response = service.http.post(
+        f"/v1/runs/{run}/reconcile", json={"reason": "ticket OPS-12: the product was slow"}
+    )
+    assert response.status_code == 200, response.text
+    wait_state(dsn, run, RunState.FINISHED)
+    assert len(products.requests("messaging", "POST", "/v1/messages")) == 1
+    receipts = products.requests("messaging", "GET", "/v1/messages/by-idempotency-key/")
+    assert len(receipts) == 1
+    output = service.status(run)["output"]
+    assert output == {"messageId": "msg-1"}
+    reconciled = next(e for e in events(dsn, run) if e["kind"] == "reconciled")
+    assert reconciled["actor"] == "local-developer"
+    assert reconciled["detail"]["reason"] == "ticket OPS-12: the product was slow"
+
+
+def test_retry_same_resends_identical_bytes_and_key(dsn: str, services: Services) -> None:
+    service, products = services.deploy(["act"], {"registry": ("breg", {"requestTimeout": "PT1S"})})
+    products.faults(
+        "breg",
+        {"match": "POST /v1/actions", "mode": "hang-after-apply", "seconds": 30, "times": 1},
+    )
+    run = service.start_run("act", {"recordId": "app-5"})
+    wait_state(dsn, run, RunState.HELD)
+    no_receipt = service.http.post(f"/v1/runs/{run}/reconcile", json={"reason": "check"})
+    assert no_receipt.status_code == 409
+    assert no_receipt.json()["code"] == "run.no-receipt"
+    response = service.http.post(
+        f"/v1/runs/{run}/retry-same", json={"reason": "BReg confirmed nothing is pending"}
+    )
+    assert response.status_code == 200, response.text
+    wait_state(dsn, run, RunState.FINISHED)
+    posts = products.requests("breg", "POST", "/v1/actions/mark-reviewed")
+    applied = products.ledger("breg")["applied"]
+    assert len(posts) == 2
+    assert posts[0]["key"] == posts[1]["key"] == f"coordinator:{run}:invoke"
+    assert posts[0]["bodySha256"] == posts[1]["bodySha256"]
+    assert applied == {posts[0]["key"]: 1}  # the product's idempotency answered the resend
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            "SELECT attempt, body, idempotency_key, outcome FROM executions "
+            "WHERE run_id = %s ORDER BY attempt",
+            (run,),
+        ).fetchall()
+    assert [r["attempt"] for r in rows] == [1, 2]
+    assert rows[0]["body"] == rows[1]["body"]
+    assert [r["outcome"] for r in rows] == ["lost", "response"]
+
+
+def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(
+    dsn: str, tmp_path: Path
+) -> None:
+    config, port = bound_to_one(tmp_path, dsn, "notify", "notices", "messaging", lease="PT2S")
+    log = tmp_path / "service.log"
+    with stand_ins(tmp_path / "standins.log", {"messaging": port}) as products:
+        products.faults("messaging", {"match": "POST /v1/messages", "mode": "delay", "seconds": 20})
+        service = Service(config, log).wait_listening()
+        run = service.start_run("notify", {"email": "a@example.org"})
+        products.wait_in_flight("messaging")
+        service.kill()
+        products.faults("messaging")
+        with running(config, log):
+            wait_state(dsn, run, RunState.HELD, timeout=30)
+            time.sleep(1)
+            posts = products.requests("messaging", "POST", "/v1/messages")
+    assert len(posts) == 1
+    state = run_state(dsn, run)
+    assert state["hold_code"] == "dispatch-interrupted"
+    assert kinds(dsn, run) == ["admitted", "call-dispatched", "held"]
+
+
+def test_401_holds_422_fails_and_503_waits_its_retry_after(dsn: str, services: Services) -> None:
+    service, products = services.deploy(["notify"], {"notices": ("messaging", {})})
+    products.faults("messaging", {"match": "POST", "mode": "status", "status": 401, "times": 1})
+    forbidden = service.start_run("notify", {"email": "a@example.org"})
+    wait_state(dsn, forbidden, RunState.HELD)
+    products.faults("messaging", {"match": "POST", "mode": "status", "status": 422, "times": 1})
+    refused = service.start_run("notify", {"email": "b@example.org"})
+    wait_state(dsn, refused, RunState.FAILED)
+    products.faults(
+        "messaging",
+        {"match": "POST", "mode": "status", "status": 503, "retryAfter": 2, "times": 1},
+    )
+    busy = service.start_run("notify", {"email": "c@example.org"})
+    wait_state(dsn, busy, RunState.FINISHED)
+    assert run_state(dsn, forbidden)["hold_code"] == "product-forbidden"
+    assert run_state(dsn, refused)["failure_code"] == "product-refused"
+    history = events(dsn, busy)
+    dispatched = [e["at"] for e in history if e["kind"] == "call-dispatched"]
+    assert len(dispatched) == 2
+    waited = dispatched[1] - dispatched[0]
+    assert waited >= timedelta(seconds=2), waited  # not before the product's Retry-After
+
+
+def test_a_pool_of_4_never_has_more_than_4_open_while_others_flow(
+    dsn: str, services: Services
+) -> None:
+    connections = {"records": ("breg", {"poolSize": 4}), "notices": ("messaging", {"poolSize": 4})}
+    service, products = services.deploy(["lookup", "notify"], connections, workers=4)
+    products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 0.5})
+    started = datetime.now().astimezone()
+    slow_runs = [service.start_run("lookup", {"recordId": f"app-{n}"}) for n in range(50)]
+    time.sleep(1)
+    fast_runs = [service.start_run("notify", {"email": f"{n}@example.org"}) for n in range(10)]
+    for run in fast_runs:
+        wait_state(dsn, run, RunState.FINISHED, timeout=10)
+    fast_done = max(run_state(dsn, r)["ended_at"] for r in fast_runs) - started
+    for run in slow_runs:
+        wait_state(dsn, run, RunState.FINISHED, timeout=60)
+    slow_done = max(run_state(dsn, r)["ended_at"] for r in slow_runs) - started
+    peak = products.ledger("breg")["maxInFlight"]
+    print(
+        f"pool 4, 50 slow reads of 0.5 s: peak {peak} open, slow runs done after "
+        f"{slow_done.total_seconds():.1f} s, 10 other runs done after "
+        f"{fast_done.total_seconds():.1f} s"
+    )
+    assert peak == 4
+    # The other connection's runs did not queue behind the slow reads: many of those were
+    # still to finish when the last of them had (a shared queue would have them last).
+    fast_end = started + fast_done
+    still_slow = [r for r in slow_runs if run_state(dsn, r)["ended_at"] > fast_end]
+    assert len(still_slow) >= 10, (len(still_slow), fast_done, slow_done)
+
+
+def test_sigterm_during_20_calls_exits_within_grace_and_restart_resolves(
+    dsn: str, tmp_path: Path
+) -> None:
+    config, port = bound_to_one(
+        tmp_path,
+        dsn,
+        "lookup",
+        "records",
+        "breg",
+        {"poolSize": 30},
+        workers=4,
+        grace="PT2S",
+        lease="PT2S",
+    )
+    log = tmp_path / "service.log"
+    with stand_ins(tmp_path / "standins.log", {"breg": port}) as products:
+        products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 30})
+        service = Service(config, log).wait_listening()
+        runs = [service.start_run("lookup", {"recordId": f"app-{n}"}) for n in range(20)]
+        products.wait_in_flight("breg", 20)
+        stopping = time.monotonic()
+        assert service.stop() == 0
+        took = time.monotonic() - stopping
+        print(f"SIGTERM with 20 calls in flight: exited after {took:.2f} s (grace 2 s)")
+        assert took < 15  # the grace period cut the calls short: they take 30 s
+        with sync_connection(dsn) as conn:
+            states = conn.execute(
+                "SELECT state, dispatched_at IS NULL AS settled, count(*) AS n "
+                "FROM runs GROUP BY 1, 2"
+            ).fetchall()
+        assert states == [{"state": RunState.RUNNING, "settled": True, "n": 20}], states
+        products.faults("breg")
+        with running(config, log):
+            for run in runs:
+                wait_state(dsn, run, RunState.FINISHED, timeout=30)
+    for run in runs:
+        history = events(dsn, run)
+        settled = [e for e in history if e["kind"] == "retry-scheduled"]
+        assert "stopped during the call" in settled[0]["detail"]["detail"]

@@ -1,0 +1,92 @@
+"""`coordinator demo`: the tutorial end to end, twice in one directory, and interrupted."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.harness import ROOT, coordinator, process_env
+
+
+def test_the_demo_ends_approved_and_notified_and_runs_again(tmp_path: Path) -> None:
+    data = tmp_path / "demo"
+    first = coordinator("demo", "--data", data)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "Outcome: finished approved-and-notified" in first.stdout
+    assert "a signed webhook delivered review-decision" in first.stdout
+    assert "#15  finished" in first.stdout
+    second = coordinator("demo", "--data", data)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "Outcome: finished approved-and-notified" in second.stdout
+    assert not (data / "pgdata" / "postmaster.pid").exists()  # PostgreSQL was stopped
+
+
+def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "registry_coordinator",
+            "demo",
+            "--data",
+            str(data),
+            "--interactive",
+            "--keep-running",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=process_env(),
+    )
+    assert demo.stdout is not None
+    lines: list[str] = []
+    url = None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = demo.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+            if "ready at " in line:
+                url = line.split("ready at ")[1].strip()
+            if "In another terminal" in line:
+                printed = demo.stdout.readline()
+                lines.append(printed)
+                words = printed.split("coordinator ", 1)[1].split()
+                token = printed.strip().split()[0].split("=", 1)[1]
+                review = subprocess.run(
+                    [sys.executable, "-m", "registry_coordinator", *words],
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                    env={**process_env(), "STANDIN_TOKEN": token},
+                    check=False,
+                )
+                assert review.returncode == 0, review.stderr
+            if "Still running" in line:
+                break
+        else:
+            raise AssertionError("".join(lines))
+        assert any("Outcome: finished approved-and-notified" in line for line in lines)
+        assert url is not None
+        assert httpx.get(f"{url}/health").status_code == 200
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(60) == 130
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+        raise AssertionError("the service still answers after Ctrl-C")
+    except httpx.TransportError:
+        pass
+    assert not (data / "pgdata" / "postmaster.pid").exists()
