@@ -1,3 +1,5 @@
+"""``python -m registry_coordinator``: the command line, as the tests and systemd start it."""
+
 import sys
 
 from registry_coordinator.cli import main
