@@ -28,16 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio_asyncio
 
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine import store
+from registry_coordinator.engine.config import load_config
 from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.engine.embedded import EmbeddedPostgres
 from registry_coordinator.engine.migrations import migrate as migrate_schema
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER, sign
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.semantics.steps import Reply, ReplyKind
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / "workflows"
@@ -672,3 +676,42 @@ class Services:
             )
         )
         return self.start(config), products
+
+
+def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:
+    """A connection's identity: OAuth 2 client credentials at the stand-in IdP."""
+    return {
+        "oauth2": {
+            "tokenUrl": f"http://127.0.0.1:{idp_port}/oauth2/token",
+            "clientId": "coordinator",
+            "scopes": ["messaging.send"],
+            **credentials,
+        }
+    }
+
+
+def decide(products: StandIns, request_id: str, decision: str = "approved") -> None:
+    """A caseworker decides the review ``request_id`` at the stand-in Casework."""
+    response = httpx.post(
+        products.url("casework") + f"/v1/review-requests/{request_id}/decision",
+        headers={"Authorization": f"Bearer {STANDIN_TOKEN}"},
+        json={"decision": decision, "reviewer": "k.lind"},
+    )
+    assert response.status_code == 200, response.text
+
+
+def reply(
+    status: int | None = None,
+    body: bytes = b"",
+    kind: ReplyKind = ReplyKind.RESPONSE,
+    retry_after: timedelta | None = None,
+) -> Reply:
+    """A product's reply as the call pool reports it to the step semantics."""
+    return Reply(kind, status, body, retry_after, "test")
+
+
+def refused(path: Path) -> list[tuple[str, int | None]]:
+    """The (code, line) of every problem loading the configuration at ``path`` reports."""
+    with pytest.raises(Refused) as caught:
+        load_config(path)
+    return [(d.code, d.line) for d in caught.value.diagnostics]

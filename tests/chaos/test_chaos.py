@@ -26,16 +26,16 @@ from tests.harness import (
     Service,
     Services,
     StandIns,
+    decide,
     delivery_request,
     free_port,
+    oauth2,
     put_to_sleep,
     run_state,
     stand_ins,
     wait_for,
     wait_state,
 )
-from tests.service.test_operations import oauth2
-from tests.service.test_results import decide
 
 MUTATIONS = (("casework", "/v1/review-requests"), ("messaging", "/v1/messages"))
 HEADER = (

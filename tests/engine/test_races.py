@@ -22,9 +22,8 @@ from registry_coordinator.engine.database import Database, Unavailable, sync_con
 from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.semantics.steps import Await, Send, on_due, result_arrived, settle
-from tests.harness import admit, database, events
+from tests.harness import admit, database, events, reply
 from tests.interleave import Failing, Paused, rival_while_paused, rival_while_uncommitted
-from tests.offline.test_steps import reply
 
 LEASE = timedelta(seconds=30)
 POLL = timedelta(minutes=10)

@@ -8,15 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine.config import load_config
-from tests.harness import ROOT, coordinator
-
-
-def refused(path: Path) -> list[tuple[str, int | None]]:
-    with pytest.raises(Refused) as caught:
-        load_config(path)
-    return [(d.code, d.line) for d in caught.value.diagnostics]
+from tests.harness import ROOT, coordinator, refused
 
 
 def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ from registry_coordinator.semantics.steps import (
     result_arrived,
     settle,
 )
-from tests.harness import WORKFLOWS
+from tests.harness import WORKFLOWS, reply
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -50,15 +50,6 @@ READ, MUTATION = "read_application", "notify"
 RECORD_BODY = json.dumps(
     {"data": {"recordIdentifier": "a", "revisionIdentifier": "r", "domainData": {}}, "meta": {}}
 ).encode()
-
-
-def reply(
-    status: int | None = None,
-    body: bytes = b"",
-    kind: ReplyKind = ReplyKind.RESPONSE,
-    retry_after: timedelta | None = None,
-) -> Reply:
-    return Reply(kind, status, body, retry_after, "test")
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from registry_coordinator.engine.database import sync_connection
 from tests.harness import (
     Service,
     Services,
+    decide,
     events,
     package,
     run_state,
@@ -28,7 +29,7 @@ from tests.harness import (
 )
 
 from .test_operations import notify_with_oauth2
-from .test_results import decide, deliver, new_review, reviews
+from .test_results import deliver, new_review, reviews
 
 REASON = {"reason": "OPS-31: the product was fixed"}
 #: A record as BReg answers it, fitting read-record's response schema.

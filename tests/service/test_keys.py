@@ -26,8 +26,7 @@ import trio
 from registry_coordinator.engine.config import AuthConfig, load_config
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, Authenticator
 from registry_coordinator.http.problems import Problem
-from tests.harness import Service, Services, coordinator
-from tests.offline.test_config import refused
+from tests.harness import Service, Services, coordinator, refused
 
 from .test_auth import KEYS, POLICIES, call, jwks, token
 

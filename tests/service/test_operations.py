@@ -18,21 +18,11 @@ from tests.harness import (
     StandIns,
     events,
     free_port,
+    oauth2,
     run_state,
     wait_for,
     wait_state,
 )
-
-
-def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:
-    return {
-        "oauth2": {
-            "tokenUrl": f"http://127.0.0.1:{idp_port}/oauth2/token",
-            "clientId": "coordinator",
-            "scopes": ["messaging.send"],
-            **credentials,
-        }
-    }
 
 
 def notify_with_oauth2(

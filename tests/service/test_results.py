@@ -22,6 +22,7 @@ from tests.harness import (
     Service,
     Services,
     StandIns,
+    decide,
     delivery_request,
     events,
     run_state,
@@ -44,15 +45,6 @@ def new_review(products: StandIns) -> str:
         json={"kind": "application-review", "subject": {"type": "a", "id": "1"}},
     )
     return str(response.json()["requestId"])
-
-
-def decide(products: StandIns, request_id: str, decision: str = "approved") -> None:
-    response = httpx.post(
-        products.url("casework") + f"/v1/review-requests/{request_id}/decision",
-        headers=AUTH,
-        json={"decision": decision, "reviewer": "k.lind"},
-    )
-    assert response.status_code == 200, response.text
 
 
 def deliver(
