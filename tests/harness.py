@@ -10,8 +10,10 @@ stopped when the test ends, however it ends.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -136,10 +138,27 @@ class Cluster:
             self._pg_ctl("-m", "fast", "stop", check=False)
 
 
+#: Ports the tests hand out lie below the kernel's ephemeral range (32768-60999 here), so a
+#: port chosen for a service is never taken meanwhile as the local end of some client's
+#: connection (the "Address already in use" a port the kernel picked could meet); each
+#: xdist worker takes its own slice, and walks it from a random start.
+_PORTS_PER_WORKER = 3000
+_worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 4
+_slice = range(20000 + _worker * _PORTS_PER_WORKER, 20000 + (_worker + 1) * _PORTS_PER_WORKER)
+_start = random.randrange(len(_slice))
+_ports: Iterator[int] = itertools.cycle([*_slice[_start:], *_slice[:_start]])
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port no one is listening on, not handed out before by this process."""
+    for port in itertools.islice(_ports, len(_slice)):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError(f"no free port from {_slice.start} to {_slice.stop - 1}")
 
 
 def package(workflow: str | Path, output: Path) -> tuple[Path, str]:
