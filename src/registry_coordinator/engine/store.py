@@ -415,12 +415,32 @@ async def history(db: Database, run_id: uuid.UUID) -> list[Row]:
 @dataclass(frozen=True)
 class RunFilter:
     """Which runs a listing may show (a caller's own and the workflows its policies
-    cover; None: no limit) and which it asks for."""
+    cover; None: no limit) and which it asks for (None: any).
+
+    ``started_by`` asks for the runs one caller started, within what ``caller`` lets the
+    listing show; ``since`` and ``until`` bound ``admitted_at`` as [since, until);
+    ``text`` is found, ignoring case, in a run's start key or its input's JSON text,
+    taken literally (``%`` and ``_`` are not wildcards).
+    """
 
     caller: str | None
     readable: frozenset[str] | None
     state: str | None = None
     workflow: str | None = None
+    version: str | None = None
+    started_by: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    text: str | None = None
+
+
+def _containing(text: str | None) -> str | None:
+    """A LIKE pattern matching ``text`` anywhere, its own wildcards and escape (the
+    default, a backslash) taken literally."""
+    if text is None:
+        return None
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 async def runs_page(
@@ -434,6 +454,11 @@ async def runs_page(
             "readable": None if which.readable is None else sorted(which.readable),
             "state": which.state,
             "workflow": which.workflow,
+            "version": which.version,
+            "started_by": which.started_by,
+            "since": which.since,
+            "until": which.until,
+            "contains": _containing(which.text),
             "after_at": after[0],
             "after_id": after[1],
             "limit": limit,

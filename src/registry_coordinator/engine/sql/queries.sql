@@ -481,7 +481,10 @@ ORDER BY attempt DESC LIMIT 1;
 --
 -- One page of runs, newest first, after the cursor (admitted_at, id): a caller's own
 -- (all callers' when caller is NULL), of the workflows its policies cover (all when
--- readable is NULL), then as the filters ask.
+-- readable is NULL), then as the filters ask, each NULL when not asked: the state, the
+-- workflow and its version, who started the run (started_by, unlike caller, is a filter
+-- and not a limit), admitted in [since, until), and %(contains)s, a LIKE pattern (its
+-- user's text escaped by the store) matched against the start key or the input's text.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
@@ -497,9 +500,124 @@ WHERE (%(caller)s::text IS NULL OR r.caller = %(caller)s)
   AND (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
   AND (%(state)s::text IS NULL OR r.state = %(state)s)
   AND (%(workflow)s::text IS NULL OR r.workflow_id = %(workflow)s)
+  AND (%(version)s::text IS NULL OR d.version = %(version)s)
+  AND (%(started_by)s::text IS NULL OR r.caller = %(started_by)s)
+  AND (%(since)s::timestamptz IS NULL OR r.admitted_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR r.admitted_at < %(until)s)
+  AND (%(contains)s::text IS NULL
+       OR r.start_key ILIKE %(contains)s OR r.input::text ILIKE %(contains)s)
 ORDER BY r.admitted_at DESC, r.id DESC
 LIMIT %(limit)s;
 
 -- name: active_runs_by_state
 -- How many runs are in flight in each state, for the metrics.
 SELECT state, count(*) AS runs FROM runs WHERE ended_at IS NULL GROUP BY state;
+
+-- name: console_held_runs
+-- The held runs a caller may see, oldest held first, each with its step's latest sending.
+--
+-- Visible as in list_runs (caller and readable NULL: no limit). Beside a held call's
+-- late answer, the latest execution of the run's current step: the request it sealed
+-- and what became of it, all NULL when the step never sealed one. "Held first" is by
+-- the run's last change (a late answer is one). ended_at IS NULL, always true of a held
+-- run, lets the planner use runs_active.
+SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
+       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       late.attempt AS late_attempt, late.late_status, late.late_at,
+       sent.attempt AS exec_attempt, sent.method, sent.url, sent.idempotency_key,
+       sent.sealed_at, sent.dispatched_at, sent.settled_at, sent.status AS exec_status,
+       sent.outcome AS exec_outcome, sent.response
+FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN LATERAL (  -- the call's latest answer that came back after its claim was lost
+    SELECT e.attempt, e.late_status, e.late_at FROM executions e
+    WHERE e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
+    ORDER BY e.attempt DESC LIMIT 1
+) late ON true
+LEFT JOIN LATERAL (  -- the step's latest sending
+    SELECT e.attempt, e.method, e.url, e.idempotency_key, e.sealed_at, e.dispatched_at,
+           e.settled_at, e.status, e.outcome, e.response
+    FROM executions e
+    WHERE e.run_id = r.id AND e.step = r.step
+    ORDER BY e.attempt DESC LIMIT 1
+) sent ON true
+WHERE r.state = 'held' AND r.ended_at IS NULL
+  AND (%(caller)s::text IS NULL OR r.caller = %(caller)s)
+  AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]))
+ORDER BY r.updated_at, r.id
+LIMIT %(limit)s;
+
+-- name: console_held_count
+-- How many held runs a caller may see (visible as in list_runs; runs_active's predicate).
+SELECT count(*) AS held FROM runs r
+WHERE r.state = 'held' AND r.ended_at IS NULL
+  AND (%(caller)s::text IS NULL OR r.caller = %(caller)s)
+  AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]));
+
+-- name: console_run_detail
+-- One run as its status shows it, with its input, start key, and steps' outputs and instants.
+SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
+       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       late.attempt AS late_attempt, late.late_status, late.late_at,
+       r.input, r.start_key, r.completed, r.outputs
+FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
+    SELECT e.attempt, e.late_status, e.late_at FROM executions e
+    WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
+    ORDER BY e.attempt DESC LIMIT 1
+) late ON true
+WHERE r.id = %(id)s;
+
+-- name: console_executions
+-- Every sending of a run's calls, in the order they were sealed, with what came back.
+SELECT step, attempt, method, url, idempotency_key, sealed_at, dispatched_at, settled_at,
+       status, outcome, response, late_status, late_at
+FROM executions WHERE run_id = %(id)s
+ORDER BY sealed_at, step, attempt;
+
+-- name: console_run_counts
+-- How many runs each definition has in each state, ended runs too (a scan of all runs).
+SELECT digest, state, count(*) AS runs FROM runs GROUP BY digest, state;
+
+-- name: console_admission
+-- Whether admission is held, why, by whom and since when.
+SELECT held, reason, actor, at FROM admission;
+
+-- name: console_admission_events
+-- The latest holds and releases of admission, newest first.
+SELECT at, held, reason, actor FROM admission_events ORDER BY at DESC LIMIT %(limit)s;
+
+-- name: console_begin_login
+-- Keep a console sign-in until its browser comes back, and purge the expired ones.
+WITH purged AS (
+    DELETE FROM console_logins WHERE expires_at <= now()
+)
+INSERT INTO console_logins (login_hash, state, nonce, verifier, return_to, expires_at)
+VALUES (%(login_hash)s, %(state)s, %(nonce)s, %(verifier)s, %(return_to)s,
+        now() + %(lifetime)s);
+
+-- name: console_take_login
+-- Take a console sign-in once: it is deleted, and returned only if it has not expired.
+WITH taken AS (
+    DELETE FROM console_logins WHERE login_hash = %(login_hash)s
+    RETURNING state, nonce, verifier, return_to, expires_at
+)
+SELECT state, nonce, verifier, return_to, expires_at FROM taken WHERE expires_at > now();
+
+-- name: console_open_session
+-- Keep a signed-in console session, and purge the expired ones.
+WITH purged AS (
+    DELETE FROM console_sessions WHERE expires_at <= now()
+)
+INSERT INTO console_sessions (session_hash, access_token, csrf, subject, expires_at)
+VALUES (%(session_hash)s, %(access_token)s, %(csrf)s, %(subject)s, %(expires_at)s);
+
+-- name: console_live_session
+-- A console session by its cookie's hash, unless it has expired.
+SELECT access_token, csrf, subject, expires_at, created_at FROM console_sessions
+WHERE session_hash = %(session_hash)s AND expires_at > now();
+
+-- name: console_close_session
+-- End a console session (signing out).
+DELETE FROM console_sessions WHERE session_hash = %(session_hash)s;
