@@ -120,6 +120,29 @@ def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
         metavar="SECONDS",
         help="how long Messaging takes to deliver a message",
     )
+    stand_ins.add_argument(
+        "--issuer",
+        type=int,
+        metavar="PORT",
+        help="serve a stand-in OpenID Connect issuer at http://127.0.0.1:PORT for the console",
+    )
+    stand_ins.add_argument(
+        "--issuer-key",
+        type=Path,
+        metavar="PATH",
+        help="the issuer's Ed25519 development key (created if missing, its JWKS beside it)",
+    )
+    stand_ins.add_argument(
+        "--audience",
+        metavar="AUD",
+        help="the audience of the issuer's access tokens (default: registry-coordinator)",
+    )
+    stand_ins.add_argument(
+        "--token-lifetime",
+        type=int,
+        metavar="SECONDS",
+        help="how long the issuer's tokens live (default: 3600)",
+    )
 
     token = commands.add_parser(
         "token", help="mint a short-lived token from a local development key (demo, tests)"
@@ -511,8 +534,24 @@ def _stand_ins(args: argparse.Namespace) -> int:
         return found
 
     ports = {name: int(port) for name, port in pairs(args.product, "--product").items()}
-    if not ports:
-        print("coordinator stand-ins: name at least one --product NAME=PORT", file=sys.stderr)
+    if not ports and args.issuer is None:
+        print(
+            "coordinator stand-ins: name at least one --product NAME=PORT, or --issuer PORT",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    if (args.issuer is None) != (args.issuer_key is None):
+        print(
+            "coordinator stand-ins: --issuer PORT and --issuer-key PATH go together",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    if args.issuer is None and (args.audience is not None or args.token_lifetime is not None):
+        print(
+            "coordinator stand-ins: --audience and --token-lifetime are the issuer's: "
+            "add --issuer PORT --issuer-key PATH",
+            file=sys.stderr,
+        )
         return ExitCode.USAGE
     token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
     secret = os.environ.get("STANDIN_WEBHOOK_SECRET", "stand-in-webhook-secret")
@@ -529,9 +568,27 @@ def _stand_ins(args: argparse.Namespace) -> int:
         int(os.environ.get("STANDIN_TOKEN_LIFETIME", "3600")),
     )
 
+    issuer = None
+    if args.issuer is not None:
+        from registry_coordinator.devtools.issuer import TOKEN_LIFETIME, Issuer
+        from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE
+
+        try:
+            issuer = Issuer(
+                args.issuer,
+                args.issuer_key,
+                DEVELOPMENT_AUDIENCE if args.audience is None else args.audience,
+                TOKEN_LIFETIME if args.token_lifetime is None else args.token_lifetime,
+            )
+        except (OSError, ValueError) as exc:
+            print(f"coordinator stand-ins: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(serve_stand_ins, ports, token, hooks, "127.0.0.1", client)
+            if issuer is not None:
+                urls["issuer"] = await nursery.start(issuer.serve)
             for name, url in urls.items():
                 print(f"{name} {url}", flush=True)
 

@@ -153,14 +153,9 @@ class StandIn:
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        config = HypercornConfig()
-        config.bind = [f"{host}:{port}"]
-        config.accesslog = None
-        config.errorlog = None
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            bound = await nursery.start(hypercorn_serve, self.app, config)
-            task_status.started(bound[0])
+            task_status.started(await nursery.start(serve_app, self.app, host, port))
 
     def _build(self) -> QuartTrio:
         app = QuartTrio(f"standin-{self.product}")
@@ -357,6 +352,24 @@ class Route:
             elif a != b:
                 return None
         return params
+
+
+async def serve_app(
+    app: QuartTrio,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve a stand-in's app (a product's, the IdP's or the OIDC issuer's) on
+    ``host:port`` until cancelled; reports the URL it is bound to."""
+    config = HypercornConfig()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(hypercorn_serve, app, config)
+        task_status.started(bound[0])
 
 
 def _json(status: int, body: JSON, headers: dict[str, str] | None = None) -> Response:
