@@ -13,8 +13,26 @@ demo *args:
     {{bin}}/coordinator demo {{args}}
 
 # Lint, format check, type check, then the whole test suite
-test *args: lint
+test *args: lint browser
     {{bin}}/pytest -n 2 {{args}}
+
+# Chromium for tests/browser: apt-get installs it when missing, if run as root
+browser:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    chromium="${CHROMIUM:-/usr/bin/chromium}"
+    [ -x "$chromium" ] && exit 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "no chromium at $chromium, so the browser tests will fail: sudo apt-get install chromium fonts-liberation"
+        exit 0
+    fi
+    echo "installing chromium for the browser tests (apt-get)..."
+    log=.venv/apt-chromium.log
+    if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-liberation; } >"$log" 2>&1; then
+        tail -n 20 "$log"
+        echo "installing chromium failed (whole log: $log)" >&2
+        exit 1
+    fi
 
 # ruff (lint and format) and mypy
 lint:
