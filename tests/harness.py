@@ -41,6 +41,7 @@ from registry_coordinator.engine.config import load_config
 from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.engine.embedded import EmbeddedPostgres
 from registry_coordinator.engine.migrations import migrate as migrate_schema
+from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path, mint
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER, sign
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind
@@ -453,7 +454,8 @@ def old_postgres() -> Iterator[str]:
 
 
 class StandIns:
-    """A ``coordinator stand-ins`` process serving some products, each on its own port."""
+    """A ``coordinator stand-ins`` process serving some products, each on its own port, and
+    the stand-in OpenID Connect issuer if asked for."""
 
     def __init__(
         self,
@@ -462,14 +464,17 @@ class StandIns:
         webhooks: dict[str, str] | None = None,
         delivery_delay: float = 0.5,
         env: dict[str, str] | None = None,
+        issuer: tuple[int, Path] | None = None,
     ) -> None:
         self.ports = ports
         args = ["stand-ins", "--delivery-delay", str(delivery_delay)]
         args += [f"--product={name}={port}" for name, port in ports.items()]
         args += [f"--webhook={name}={url}" for name, url in (webhooks or {}).items()]
+        if issuer is not None:  # the stand-in OpenID Connect issuer, signing with this key
+            args += [f"--issuer={issuer[0]}", f"--issuer-key={issuer[1]}"]
         self.process = coordinator_process(args, log, env=env, stdout=subprocess.PIPE)
         assert self.process.stdout is not None
-        for _ in ports:
+        for _ in range(len(ports) + (issuer is not None)):
             line = self.process.stdout.readline().decode()
             assert line, f"stand-ins did not start:\n{log.read_text()}"
 
@@ -665,6 +670,7 @@ class Services:
         webhooks: bool = False,
         stand_in_env: dict[str, str] | None = None,
         also: dict[str, int] | None = None,
+        sign_in: bool = False,
         **options: Any,
     ) -> tuple[Service, StandIns]:
         """Stand-in products and a migrated service bound to them, both running.
@@ -672,7 +678,8 @@ class Services:
         ``connections`` maps each connection name to its product kind and settings; one
         stand-in serves each kind, and ``also`` names more stand-ins (the IdP) by port.
         With ``webhooks`` the stand-ins deliver signed results to the service, each
-        product to the first connection bound to it.
+        product to the first connection bound to it. With ``sign_in`` the stand-ins serve
+        the OpenID Connect issuer too, and the service trusts it (:func:`signed_in`).
         """
         port = free_port()
         ports: dict[str, int] = dict(also or {})
@@ -684,6 +691,9 @@ class Services:
             if webhooks:
                 bound[name].setdefault("webhookSecret", "env:STANDIN_WEBHOOK_SECRET")
                 hooks.setdefault(kind, f"http://127.0.0.1:{port}/v1/results/{name}")
+        issuer = (free_port(), self.directory / "keys" / "issuer.pem") if sign_in else None
+        if issuer is not None:
+            options["extra"] = {**signed_in(*issuer), **options.get("extra", {})}
         config = self.configure(workflows, port=port, connections=bound, **options)
         products = self._started.enter_context(
             stand_ins(
@@ -692,9 +702,74 @@ class Services:
                 webhooks=hooks,
                 env=stand_in_env,
                 delivery_delay=0.3,
+                issuer=issuer,
             )
         )
         return self.start(config), products
+
+
+#: The console's client id at the stand-in issuer, in the configurations of :func:`signed_in`.
+CONSOLE_CLIENT = "registry-console"
+
+
+def signed_in(issuer_port: int, key: Path) -> dict[str, Any]:
+    """Configuration sections for a service whose callers and console people come from the
+    stand-in issuer on ``issuer_port`` (signing with ``key``): its people ada (an operator)
+    and sam (the case portal, which may start, read and cancel its own runs)."""
+    return {
+        "auth": {
+            "mode": "jwt",
+            "issuer": f"http://127.0.0.1:{issuer_port}",
+            "audience": DEVELOPMENT_AUDIENCE,
+            "jwksFile": str(jwks_path(key)),
+            "policies": [
+                {
+                    "client": "case-portal",
+                    "scopes": ["coordinator.runs"],
+                    "workflows": ["*"],
+                    "actions": ["start", "read", "cancel"],
+                },
+                {
+                    "client": "registry-operators",
+                    "scopes": ["coordinator.operate"],
+                    "operator": True,
+                },
+            ],
+        },
+        "console": {"clientId": CONSOLE_CLIENT},
+    }
+
+
+def issuer_token(services: Services, service: Service, client: str, scopes: list[str]) -> str:
+    """A bearer token for ``client`` as the stand-in issuer of a service deployed with
+    ``sign_in`` signs them, for calling the API beside the console."""
+    issuer = json.loads(service.config.read_text())["auth"]["issuer"]
+    key = services.directory / "keys" / "issuer.pem"
+    return mint(key, client, scopes, 600, issuer=issuer)
+
+
+#: Messaging keeps the next message, and its answer never comes: the call's outcome is unknown.
+HANG_ONCE = {"match": "POST /v1/messages", "mode": "hang-after-apply", "seconds": 30, "times": 1}
+
+
+def held_notice(dsn: str, services: Services) -> tuple[Service, StandIns, str, str]:
+    """A service whose people sign in at the stand-in issuer, with one run of ``notify`` the
+    case portal started, held outcome-unknown (Messaging applied it; its answer never came),
+    and the case portal's token."""
+    service, products = services.deploy(
+        ["notify"], {"notices": ("messaging", {"requestTimeout": "PT1S"})}, sign_in=True
+    )
+    products.faults("messaging", HANG_ONCE)
+    token = issuer_token(services, service, "case-portal", ["coordinator.runs"])
+    started = service.http.post(
+        "/v1/runs",
+        json={"workflow": "notify", "input": {"email": "a@example.org"}},
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "notice-1"},
+    )
+    assert started.status_code == 201, started.text
+    run = str(started.json()["id"])
+    wait_state(dsn, run, RunState.HELD)
+    return service, products, run, token
 
 
 def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:

@@ -40,6 +40,7 @@ from registry_coordinator.engine.worker import Engine
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.api import Context, create_app
 from registry_coordinator.http.auth import Authenticator
+from registry_coordinator.http.console.issuer import Issuer
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,8 @@ async def _supervise(
     engine = Engine(db, workflows, timer, products, config.engine, metrics, holdings, owner)
     listener = Listener(db, timer)
     auth = Authenticator(config.auth, client)
-    context = Context(db, workflows, timer, products, listener, auth, metrics)
+    issuer = Issuer(config.auth, config.console, client)
+    context = Context(db, workflows, timer, products, listener, auth, metrics, issuer)
     app = create_app(context, config.request_body_limit)
     systemd = Notifier()
     systemd.status("starting")

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from quart.typing import TestClientProtocol as Client
 
-from registry_coordinator.engine.config import AuthConfig
+from registry_coordinator.engine.config import AuthConfig, ConsoleConfig
 from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.metrics import Metrics
@@ -27,12 +27,14 @@ from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import api
 from registry_coordinator.http.auth import Authenticator
+from registry_coordinator.http.console.issuer import Issuer
 from registry_coordinator.http.probes import openapi_document
 
 #: auth mode none: every caller is the local developer, an operator with every policy.
 NO_AUTH = AuthConfig(
     "none", None, None, None, None, timedelta(hours=1), (), timedelta(minutes=5), timedelta(hours=1)
 )
+NO_CONSOLE = ConsoleConfig(None, None, ("openid",))
 
 
 @asynccontextmanager
@@ -42,8 +44,10 @@ async def client() -> AsyncIterator[Client]:
     metrics = Metrics()
     timer = Timer(db, timedelta(seconds=60), "coordinator:test", metrics)
     async with httpx.AsyncClient() as http:
+        issuer = Issuer(NO_AUTH, NO_CONSOLE, http)
+        auth = Authenticator(NO_AUTH, http)
         context = api.Context(
-            db, Workflows([]), timer, {}, Listener(db, timer), Authenticator(NO_AUTH, http), metrics
+            db, Workflows([]), timer, {}, Listener(db, timer), auth, metrics, issuer
         )
         yield api.create_app(context, 1 << 20).test_client()
 

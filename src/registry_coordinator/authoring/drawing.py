@@ -1,6 +1,12 @@
-"""``coordinator graph``: a workflow drawn as Mermaid or Graphviz DOT text."""
+"""``coordinator graph``: a workflow drawn as Mermaid or Graphviz DOT text.
+
+The console draws the same DOT (with Graphviz in the browser), marking steps with a class
+of its closed list :data:`MARKS` for its stylesheet to colour: a run's path and where it is.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.workflow import (
@@ -56,7 +62,16 @@ def mermaid(workflow: Workflow) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dot(workflow: Workflow) -> str:
+#: The classes a drawing may give a step: ``taken`` on the path a run took, ``current``
+#: where it is (or ended).
+MARKS = frozenset({"taken", "current"})
+
+
+def dot(workflow: Workflow, marks: Mapping[str, str] | None = None) -> str:
+    """The workflow in DOT, each step's node with the id ``step-ID`` and its mark's class."""
+    marks = marks or {}
+    assert set(marks.values()) <= MARKS, marks
+
     def text(value: str) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
@@ -74,7 +89,11 @@ def dot(workflow: Workflow) -> str:
         f"  start -> {workflow.start};",
     ]
     for step in workflow.steps.values():
-        lines.append(f"  {step.id} [shape={shapes[type(step)]}, label={text(_label(step))}];")
+        mark = f", class={text(marks[step.id])}" if step.id in marks else ""
+        lines.append(
+            f"  {step.id} [shape={shapes[type(step)]}, label={text(_label(step))}, "
+            f"id={text('step-' + step.id)}{mark}];"
+        )
     for step in workflow.steps.values():
         for edge in step.edges():
             attrs = []

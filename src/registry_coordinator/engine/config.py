@@ -126,6 +126,16 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class ConsoleConfig:
+    """How the operator console signs people in at the issuer of ``auth`` (OpenID Connect,
+    authorization code with PKCE, as a public client: there is no secret to keep)."""
+
+    client_id: str | None  # None: no sign-in (auth mode none, or no console section)
+    public_url: str | None  # where browsers reach this service; None: as each request says
+    scopes: tuple[str, ...]  # asked for at sign-in: openid and the scopes the policies name
+
+
+@dataclass(frozen=True)
 class Config:
     file: Path
     database: DatabaseConfig
@@ -136,6 +146,7 @@ class Config:
     engine: EngineConfig
     request_body_limit: int
     auth: AuthConfig
+    console: ConsoleConfig
 
 
 def resolve_secret(reference: str) -> str:
@@ -166,7 +177,7 @@ def load_config(path: Path) -> Config:
         (),
         "the configuration",
         ["database", "workflows", "auth"],
-        ["listen", "connections", "engine", "limits"],
+        ["listen", "connections", "engine", "limits", "console"],
     )
     database = _database(reader, root.get("database"), base)
     host, port = _listen(reader, root.get("listen", {}))
@@ -177,10 +188,13 @@ def load_config(path: Path) -> Config:
     reader.fields(limits, ("limits",), "limits", [], ["requestBody"])
     body_limit = _integer(reader, limits, "requestBody", ("limits",), 64 * 1024, 1024, 16 << 20)
     auth = _auth(reader, root.get("auth"), base, host) if "auth" in root else None
+    console = _console(reader, root.get("console", {}), auth)
     if reader.diagnostics:
         raise Refused(reader.diagnostics)
     assert database is not None and engine is not None and auth is not None
-    return Config(path, database, host, port, workflows, connections, engine, body_limit, auth)
+    return Config(
+        path, database, host, port, workflows, connections, engine, body_limit, auth, console
+    )
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -229,7 +243,7 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
         return None
     jwks_file = reader.string(data, "jwksFile", path, "auth")
     jwks_url = reader.string(data, "jwksUrl", path, "auth")
-    if jwks_url is not None and not _safe_jwks_url(jwks_url):
+    if jwks_url is not None and not _https_or_loopback(jwks_url):
         reader.report(
             "config.invalid-value",
             f"auth jwksUrl {jwks_url!r} is not an https URL, and the keys that decide who "
@@ -259,6 +273,45 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
         refresh,
         max_stale,
     )
+
+
+def _console(reader: Reader, value: JSON, auth: AuthConfig | None) -> ConsoleConfig:
+    """The console's sign-in: its client id at the issuer, and where browsers reach it."""
+    path: DataPath = ("console",)
+    data = reader.mapping(value, path, "console") or {}
+    reader.fields(data, path, "console", [], ["clientId", "publicUrl", "scopes"])
+    client_id = reader.string(data, "clientId", path, "console")
+    public_url = reader.string(data, "publicUrl", path, "console")
+    if public_url is not None:
+        public_url = public_url.rstrip("/")
+        if not _https_or_loopback(public_url) or urlsplit(public_url).path:
+            reader.report(
+                "config.invalid-value",
+                f"console publicUrl {public_url!r} is not an https origin (scheme, host and "
+                "port only), and the console's session cookie must not travel in clear",
+                "give the https origin browsers use, e.g. https://coordinator.example.org; "
+                "plain http is allowed only to 127.0.0.1, ::1 or localhost",
+                (*path, "publicUrl"),
+            )
+    scopes = data.get("scopes")
+    if scopes is not None and not (
+        isinstance(scopes, list) and all(isinstance(s, str) and s.strip() for s in scopes)
+    ):
+        reader.report(
+            "field.type",
+            "console scopes must be a list of scope names",
+            "write scopes: [openid, coordinator.operate]",
+            (*path, "scopes"),
+        )
+        scopes = None
+    if scopes is None:
+        named = {scope for p in auth.policies for scope in p.scopes} if auth else set()
+        scopes = ["openid", *sorted(named)]
+    elif "openid" not in scopes:
+        scopes = ["openid", *scopes]
+    if auth is not None and auth.mode == "none":
+        client_id = None  # nobody signs in: every caller is the local developer
+    return ConsoleConfig(client_id, public_url, tuple(scopes))
 
 
 def _policies(reader: Reader, items: JSON, path: DataPath) -> tuple[Policy, ...]:
@@ -317,7 +370,7 @@ def _policies(reader: Reader, items: JSON, path: DataPath) -> tuple[Policy, ...]
     return tuple(policies)
 
 
-def _safe_jwks_url(url: str) -> bool:
+def _https_or_loopback(url: str) -> bool:
     """An https URL, or plain http to this machine's loopback (for development)."""
     try:
         parts = urlsplit(url)

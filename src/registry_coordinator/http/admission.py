@@ -10,6 +10,7 @@ is refused. Whether admission is held is decided by the statement that admits th
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from quart import Response
@@ -139,12 +140,21 @@ async def pinned(context: Context) -> Response:
     )
 
 
+async def change(
+    context: Context, who: Caller, held: bool, body: Callable[[], Awaitable[JSON]]
+) -> str:
+    """Hold or release admission for ``who``, an operator (checked first), with the reason
+    in the request's ``body``; the reason as recorded."""
+    who.require_operator()
+    reason = require_reason(await body())
+    await operator_actions.set_admission(context.db, held, who.actor, reason)
+    return reason
+
+
 async def _change(context: Context, held: bool) -> Response:
     who = await authenticated(context)
-    who.require_operator()
-    reason = require_reason(await body_json())
-    await operator_actions.set_admission(context.db, held, who.client, reason)
-    return json_response({"held": held, "reason": reason, "actor": who.client})
+    reason = await change(context, who, held, body_json)
+    return json_response({"held": held, "reason": reason, "actor": who.actor})
 
 
 async def hold(context: Context) -> Response:

@@ -14,8 +14,7 @@ and the document together).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from quart import Response, current_app, request
 from quart_trio import QuartTrio
@@ -23,31 +22,15 @@ from werkzeug.exceptions import HTTPException
 
 from registry_coordinator.engine.database import Unavailable
 from registry_coordinator.http import admission, deliveries, probes, runs
+from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import RETRY_AFTER, problem
+from registry_coordinator.http.routing import Handler, Route, bound, route
 
 __all__ = ["FALLBACKS", "ROUTES", "Context", "Handler", "Route", "create_app", "route"]
 
 log = logging.getLogger(__name__)
-
-#: A route's handler: the shared state and the route's path parameters, to a response.
-Handler = Callable[..., Awaitable[Response]]
-
-
-@dataclass(frozen=True)
-class Route:
-    """One path of the API and the handler of each method it takes (the Rust coordinator's
-    ``.route("/v1/runs", post(start).get(list))``)."""
-
-    path: str  # werkzeug's syntax: <name> is a path parameter, passed to the handler by name
-    methods: Mapping[str, Handler]  # by HTTP method, upper case
-
-
-def route(path: str, **methods: Handler) -> Route:
-    """One path and a handler for each method it takes: ``route(path, post=..., get=...)``."""
-    return Route(path, {method.upper(): handler for method, handler in methods.items()})
-
 
 #: Every route of the API, as ``openapi.yaml`` documents it (``tests/test_routes`` compares).
 ROUTES = (
@@ -75,28 +58,29 @@ FALLBACKS = (
 )
 
 
-def _bound(handler: Handler, context: Context) -> Handler:
-    """The view Quart calls with a route's path parameters: ``handler`` given the context."""
-
-    async def view(**parameters: str) -> Response:
-        return await handler(context, **parameters)
-
-    return view
-
-
 def create_app(context: Context, body_limit: int) -> QuartTrio:
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
-    for each in (*ROUTES, *FALLBACKS):
-        for method, handler in each.methods.items():
-            endpoint = f"{method} {each.path}"
-            app.add_url_rule(each.path, endpoint, _bound(handler, context), methods=[method])
+    _add(app, (*ROUTES, *FALLBACKS), bound, context)
+    _add(app, console.ROUTES, console.bound, context)  # pages for people: refusals as pages
     app.before_request(_read_the_body)
     app.register_error_handler(Problem, _refused)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Unavailable, _database_unavailable)
     return app
+
+
+def _add(
+    app: QuartTrio,
+    routes: tuple[Route, ...],
+    bind: Callable[[Handler, Context], Handler],
+    context: Context,
+) -> None:
+    for each in routes:
+        for method, handler in each.methods.items():
+            view = bind(handler, context)
+            app.add_url_rule(each.path, f"{method} {each.path}", view, methods=[method])
 
 
 async def _read_the_body() -> None:

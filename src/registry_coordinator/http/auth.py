@@ -17,6 +17,9 @@ A caller is its client id; what it may do comes from the configured policies
 whose client matches and whose scopes the token carries: start and see runs of
 some workflows, cancel its own runs, or — with ``operator: true`` — everything.
 Being allowed to start a workflow grants nothing at the products it calls.
+An action is recorded with the caller's actor: the client, or — for a token whose
+``sub`` names a person signed in through a client, as the console's do — that
+person and the client.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ log = logging.getLogger(__name__)
 class Caller:
     client: str
     policies: tuple[Policy, ...]
+    subject: str | None = None  # the token's sub: the person, when one signed in at a client
+
+    @property
+    def actor(self) -> str:
+        """Who took an action, as the run's history records it: the client, or the person
+        and the client they signed in through (a console's token names its client)."""
+        if self.subject is None or self.subject == self.client:
+            return self.client
+        return f"{self.subject} ({self.client})"
 
     @property
     def operator(self) -> bool:
@@ -267,20 +279,11 @@ class Authenticator:
             return {"ok": True, "keys": 0, "refreshedAt": None, "detail": "auth mode none"}
         return self.keys.readiness()
 
-    async def authenticate(self, header: str | None) -> Caller:
+    async def verify(self, token: str, audience: str | None) -> dict[str, Any]:
+        """The claims of a JWT the configured issuer signed for ``audience``, checked:
+        algorithm, key, signature, issuer, audience, expiry; a 401 Problem saying which
+        check failed otherwise. Access tokens and the console's ID tokens both pass here."""
         config = self.config
-        if config.mode == "none":
-            return Caller(
-                LOCAL_DEVELOPER,
-                (Policy(LOCAL_DEVELOPER, frozenset(), frozenset(), frozenset(), True),),
-            )
-        if not header or not header.startswith("Bearer "):
-            raise Problem(
-                401,
-                "auth.missing-token",
-                "send Authorization: Bearer <token> from the configured issuer",
-            )
-        token = header[7:].strip()
         try:
             unverified = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -306,7 +309,7 @@ class Authenticator:
                 token,
                 key.key,
                 algorithms=[algorithm],
-                audience=config.audience,
+                audience=audience,
                 issuer=config.issuer,
                 options={"require": ["exp", "iat", "iss", "aud"]},
                 leeway=30,
@@ -314,15 +317,29 @@ class Authenticator:
         except jwt.ExpiredSignatureError:
             raise Problem(401, "auth.expired", "the token has expired") from None
         except jwt.InvalidAudienceError:
-            raise Problem(
-                401, "auth.wrong-audience", f"the token is not for {config.audience}"
-            ) from None
+            raise Problem(401, "auth.wrong-audience", f"the token is not for {audience}") from None
         except jwt.InvalidIssuerError:
             raise Problem(
                 401, "auth.wrong-issuer", f"the token was not issued by {config.issuer}"
             ) from None
         except jwt.PyJWTError as exc:
             raise Problem(401, "auth.invalid-token", f"the token is not valid: {exc}") from None
+        return claims
+
+    async def authenticate(self, header: str | None) -> Caller:
+        config = self.config
+        if config.mode == "none":
+            return Caller(
+                LOCAL_DEVELOPER,
+                (Policy(LOCAL_DEVELOPER, frozenset(), frozenset(), frozenset(), True),),
+            )
+        if not header or not header.startswith("Bearer "):
+            raise Problem(
+                401,
+                "auth.missing-token",
+                "send Authorization: Bearer <token> from the configured issuer",
+            )
+        claims = await self.verify(header[7:].strip(), config.audience)
         lifetime = float(claims["exp"]) - float(claims["iat"])
         if lifetime > config.max_lifetime.total_seconds():
             raise Problem(
@@ -335,7 +352,8 @@ class Authenticator:
             raise Problem(401, "auth.invalid-token", "the token names no client")
         scopes = _scopes(claims)
         policies = tuple(p for p in config.policies if p.client == client and p.scopes <= scopes)
-        return Caller(client, policies)
+        subject = claims.get("sub")
+        return Caller(client, policies, subject if isinstance(subject, str) else None)
 
 
 def _scopes(claims: dict[str, Any]) -> frozenset[str]:

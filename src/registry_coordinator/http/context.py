@@ -18,6 +18,7 @@ from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.auth import Authenticator
+from registry_coordinator.http.console.issuer import Issuer
 
 
 @dataclass
@@ -31,4 +32,5 @@ class Context:
     listener: Listener
     auth: Authenticator
     metrics: Metrics
+    issuer: Issuer  # where the console's people sign in
     stopping: trio.Event = field(default_factory=trio.Event)  # set when shutdown begins

@@ -41,7 +41,7 @@ async def ready(context: Context) -> Response:
 
 
 async def metrics(context: Context) -> Response:
-    await _scrape(context)
+    await scrape(context)
     return Response(context.metrics.render(), status=200, content_type=CONTENT_TYPE)
 
 
@@ -63,7 +63,7 @@ async def readiness(context: Context) -> dict[str, JSON]:
     }
 
 
-async def _scrape(context: Context) -> None:
+async def scrape(context: Context) -> None:
     """Refresh the gauges that describe the present, just before they are read."""
     metrics = context.metrics
     counts = await engine_health.active_runs(context.db)

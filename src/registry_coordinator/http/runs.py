@@ -9,6 +9,8 @@ status as it stands after the action.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from quart import Response, request
 
@@ -77,7 +79,7 @@ def _run_id(text: str) -> uuid.UUID:
         raise _not_found(text) from None
 
 
-async def _visible_run(context: Context, who: Caller, run_id: str, action: str) -> Row:
+async def visible_run(context: Context, who: Caller, run_id: str, action: str) -> Row:
     """A run the caller may see (its own, or any for an operator) and may take ``action``
     on: its token's policies must cover the run's workflow, as they did its start."""
     who.require(action)
@@ -167,12 +169,12 @@ async def listing(context: Context) -> Response:
 
 async def status(context: Context, run_id: str) -> Response:
     who = await authenticated(context)
-    return json_response(run_status(await _visible_run(context, who, run_id, "read")))
+    return json_response(run_status(await visible_run(context, who, run_id, "read")))
 
 
 async def history(context: Context, run_id: str) -> Response:
     who = await authenticated(context)
-    row = await _visible_run(context, who, run_id, "read")
+    row = await visible_run(context, who, run_id, "read")
     events = await store.history(context.db, row["id"])
     return json_response(
         {
@@ -192,44 +194,84 @@ async def history(context: Context, run_id: str) -> Response:
     )
 
 
-async def _action(
-    context: Context, run_id: str, permission: str, *, operator: bool
-) -> tuple[str, Row, str]:
-    """Who takes an action on which run, and why: the caller, checked an operator if the
-    action needs one, then the run, then the reason, in the order a refusal names them."""
-    who = await authenticated(context)
-    if operator:
-        who.require_operator()
-    row = await _visible_run(context, who, run_id, permission)
-    return who.client, row, operations.require_reason(await body_json())
+@dataclass(frozen=True)
+class Action:
+    """An action on one run, as the API and the console take it: the policy action a caller
+    needs on the run's workflow, whether it needs an operator, and what it does, answering
+    with the HTTP status of its outcome."""
+
+    permission: str
+    operator: bool
+    take: Callable[[Context, Row, str, str], Awaitable[int]]  # (context, run, actor, reason)
 
 
-async def _after(context: Context, run_id: uuid.UUID, status: int = 200) -> Response:
-    return json_response(run_status(await _current(context, run_id)), status)
-
-
-async def cancel(context: Context, run_id: str) -> Response:
-    """Cancel the run (200), or, with a call in flight, once that call settles (202). A
-    caller may cancel its own runs; no operator is needed."""
-    actor, row, reason = await _action(context, run_id, "cancel", operator=False)
+async def _cancel(context: Context, row: Row, actor: str, reason: str) -> int:
+    """Cancel the run (200), or, with a call in flight, once that call settles (202)."""
     if not await operations.cancel(context.db, row["id"], actor, reason):
-        return await _after(context, row["id"], 202)
+        return 202
     context.metrics.runs_ended.labels(row["workflow_id"], RunState.CANCELLED, "").inc()
-    return await _after(context, row["id"])
+    return 200
 
 
-async def retry_same(context: Context, run_id: str) -> Response:
-    actor, row, reason = await _action(context, run_id, "read", operator=True)
+async def _retry_same(context: Context, row: Row, actor: str, reason: str) -> int:
     await operations.retry_same(context.db, context.timer, row["id"], actor, reason)
-    return await _after(context, row["id"])
+    return 200
 
 
-async def reconcile(context: Context, run_id: str) -> Response:
-    actor, row, reason = await _action(context, run_id, "read", operator=True)
+async def _reconcile(context: Context, row: Row, actor: str, reason: str) -> int:
     await operations.reconcile(
         context.db, context.workflows, context.products, context.timer, row["id"], actor, reason
     )
-    return await _after(context, row["id"])
+    return 200
+
+
+#: The actions on a run, by the name of their route. A caller may cancel its own runs; the
+#: other two need an operator.
+ACTIONS = {
+    "cancel": Action("cancel", operator=False, take=_cancel),
+    "retry-same": Action("read", operator=True, take=_retry_same),
+    "reconcile": Action("read", operator=True, take=_reconcile),
+}
+
+
+def may_take(who: Caller, name: str, workflow: str) -> bool:
+    """Whether ``who`` may take the action ``name`` on a run of ``workflow`` it can see."""
+    action = ACTIONS[name]
+    return (who.operator or not action.operator) and who.may(action.permission, workflow)
+
+
+async def act(
+    context: Context, who: Caller, run_id: str, name: str, body: Callable[[], Awaitable[JSON]]
+) -> tuple[Row, int]:
+    """Take the action ``name`` on a run for ``who``, with the reason in the request's
+    ``body``: the caller checked an operator if the action needs one, then the run, then the
+    body and its reason, in the order a refusal names them. The run as it stands after, and
+    the status of the outcome."""
+    action = ACTIONS[name]
+    if action.operator:
+        who.require_operator()
+    row = await visible_run(context, who, run_id, action.permission)
+    reason = operations.require_reason(await body())
+    status = await action.take(context, row, who.actor, reason)
+    return await _current(context, row["id"]), status
+
+
+async def _api_action(context: Context, run_id: str, name: str) -> Response:
+    who = await authenticated(context)
+    row, status = await act(context, who, run_id, name, body_json)
+    return json_response(run_status(row), status)
+
+
+async def cancel(context: Context, run_id: str) -> Response:
+    return await _api_action(context, run_id, "cancel")
+
+
+async def retry_same(context: Context, run_id: str) -> Response:
+    return await _api_action(context, run_id, "retry-same")
+
+
+async def reconcile(context: Context, run_id: str) -> Response:
+    return await _api_action(context, run_id, "reconcile")
 
 
 async def unknown_action(context: Context, run_id: str, action: str) -> Response:

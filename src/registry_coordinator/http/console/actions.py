@@ -1,0 +1,171 @@
+"""Operator actions from the console, each in three steps: ask, confirm, act.
+
+``GET .../<action>`` asks for a reason and says what the action will send;
+``POST .../<action>/review`` shows exactly that again with the reason, for the operator to
+confirm; ``POST .../<action>`` takes it — through the very function the API's route
+calls (``runs.act``, ``admission.change``), so the checks, the refusals and the history
+event (with the operator and the reason) are the API's — then answers 303 to the run.
+Both POSTs are checked forms (:func:`visitors.checked_form`): nothing is taken without the
+visitor's CSRF token and the console's origin. A refusal is shown on the action's page with
+the API's words and status; the run is as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode
+
+from quart import Response
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.engine import console_reads
+from registry_coordinator.engine.database import Row
+from registry_coordinator.http import admission, runs
+from registry_coordinator.http.console import wording
+from registry_coordinator.http.console.pages import Sent, page
+from registry_coordinator.http.console.render import redirect
+from registry_coordinator.http.console.visitors import Visitor, checked_form, visitor
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.operations import require_reason
+from registry_coordinator.http.problems import Problem
+
+_ADMISSION = {"hold": True, "release": False}
+
+
+def _body(reason: str) -> Callable[[], Awaitable[JSON]]:
+    """The form's reason as the request body the API's actions read it from."""
+
+    async def body() -> JSON:
+        return {"reason": reason}
+
+    return body
+
+
+def _known(action: str) -> wording.ActionWords:
+    if action not in runs.ACTIONS:
+        raise Problem(404, "route.not-found", f"no run action {action}")
+    return wording.ACTIONS[action]
+
+
+async def _subject(
+    context: Context, who: Visitor, run_id: str, action: str
+) -> tuple[Row, Sent | None]:
+    """The run the action is for, refused as the API refuses, and its step's sealed request."""
+    words = runs.ACTIONS[action]
+    if words.operator:
+        who.caller.require_operator()
+    row = await runs.visible_run(context, who.caller, run_id, words.permission)
+    executions = await console_reads.executions(context.db, row["id"])
+    sent = [Sent.of_execution(e) for e in executions if e["step"] == row["step"]]
+    return row, sent[-1] if sent else None
+
+
+async def _form(
+    context: Context,
+    who: Visitor,
+    run_id: str,
+    action: str,
+    stage: str,
+    reason: str = "",
+    refused: Problem | None = None,
+) -> Response:
+    words = _known(action)
+    row, sent = await _subject(context, who, run_id, action)
+    return await page(
+        context,
+        who,
+        "action.html",
+        refused.status if refused else 200,
+        run=runs.run_status(row),
+        action=action,
+        words=words,
+        sent=sent,
+        stage=stage,
+        reason=reason,
+        refused=refused,
+    )
+
+
+async def ask(context: Context, run_id: str, action: str) -> Response:
+    who = await visitor(context)
+    return await _form(context, who, run_id, action, "ask")
+
+
+def _reason(form: dict[str, str]) -> tuple[str, str, Problem | None]:
+    """The next stage for a form's reason, checked as the API checks it: confirm it, or
+    ask again with what was typed and why it was refused."""
+    typed = form.get("reason", "")
+    try:
+        return "confirm", require_reason({"reason": typed}), None
+    except Problem as refused:
+        return "ask", typed, refused
+
+
+async def review(context: Context, run_id: str, action: str) -> Response:
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    _known(action)
+    return await _form(context, who, run_id, action, *_reason(form))
+
+
+async def take(context: Context, run_id: str, action: str) -> Response:
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    _known(action)
+    reason = form.get("reason", "")
+    try:
+        row, status = await runs.act(context, who.caller, run_id, action, _body(reason))
+    except Problem as refused:
+        if refused.status in (401, 403, 404):
+            raise
+        return await _form(context, who, run_id, action, "ask", reason, refused)
+    query = urlencode({"done": action if status == 200 else f"{action}-pending"})
+    return redirect(f"/console/runs/{row['id']}?{query}")
+
+
+def _change(change: str) -> bool:
+    if change not in _ADMISSION:
+        raise Problem(404, "route.not-found", f"no admission action {change}")
+    return _ADMISSION[change]
+
+
+async def _admission_form(
+    context: Context,
+    who: Visitor,
+    change: str,
+    stage: str,
+    reason: str = "",
+    refused: Problem | None = None,
+) -> Response:
+    who.caller.require_operator()
+    return await page(
+        context,
+        who,
+        "admission_change.html",
+        refused.status if refused else 200,
+        change=change,
+        stage=stage,
+        reason=reason,
+        refused=refused,
+        admission=await console_reads.admission(context.db),
+    )
+
+
+async def admission_review(context: Context, change: str) -> Response:
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    _change(change)
+    return await _admission_form(context, who, change, *_reason(form))
+
+
+async def admission_take(context: Context, change: str) -> Response:
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    held = _change(change)
+    try:
+        await admission.change(context, who.caller, held, _body(form.get("reason", "")))
+    except Problem as refused:
+        if refused.status in (401, 403):
+            raise
+        return await _admission_form(context, who, change, "ask", form.get("reason", ""), refused)
+    return redirect("/console/admission?" + urlencode({"done": change}))

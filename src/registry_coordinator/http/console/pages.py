@@ -1,0 +1,325 @@
+"""The console's pages: held work, runs, a run, workflows, admission and health.
+
+Each is a top-level handler of the shared :class:`Context`, as the API's are, and sees
+exactly what the visitor's token lets the API show: an operator every run, a client only
+its own runs of the workflows its policies let it read. What a page shows of a run comes
+from the same reads as the API's answers (``runs.run_status``), so the console and
+``GET /v1/runs/{id}`` never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import Metric
+from quart import Response, request
+
+from registry_coordinator.authoring.catalog import Recovery
+from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.authoring.drawing import dot
+from registry_coordinator.authoring.workflow import Call
+from registry_coordinator.engine import console_reads, store
+from registry_coordinator.engine.database import Row
+from registry_coordinator.http import probes, runs
+from registry_coordinator.http.console import wording
+from registry_coordinator.http.console.render import html
+from registry_coordinator.http.console.visitors import CSRF_COOKIE, Visitor, set_cookie, visitor
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.requests import cursor, next_cursor
+from registry_coordinator.semantics.codes import RunState
+
+PAGE_SIZE = 50
+#: How much of a product's answer a page shows; the whole is in the database.
+ANSWER_PREVIEW = 600
+
+
+def _visibility(who: Visitor) -> tuple[str | None, frozenset[str] | None]:
+    """Whose runs, of which workflows, the visitor may read (None: no limit)."""
+    caller = who.caller
+    caller.require("read")
+    return (None if caller.operator else caller.client), caller.workflows_for("read")
+
+
+async def page(
+    context: Context, who: Visitor, template: str, status: int = 200, **values: Any
+) -> Response:
+    """A page with what every page shows: who is looking, the held count, the CSRF token."""
+    held = 0
+    if who.caller.may("read"):
+        held = await console_reads.held_count(context.db, *_visibility(who))
+    response = html(template, status, who=who, held_count=held, path=request.path, **values)
+    if who.new_csrf_cookie:
+        set_cookie(context, response, CSRF_COOKIE, who.csrf)
+    return response
+
+
+def _answer(body: bytes | None) -> str | None:
+    """A product's answer as text to show, cut to :data:`ANSWER_PREVIEW` characters."""
+    if body is None:
+        return None
+    text = bytes(body).decode("utf-8", errors="replace")
+    return text if len(text) <= ANSWER_PREVIEW else text[:ANSWER_PREVIEW] + " …"
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A call step's sealed request and what came of it, as a page shows it."""
+
+    attempt: int
+    method: str
+    url: str
+    idempotency_key: str | None
+    sealed_at: datetime
+    dispatched_at: datetime | None
+    status: int | None
+    answer: str | None
+
+    @classmethod
+    def of_held(cls, row: Row) -> Sent | None:
+        """From a held run's row (``console_reads.held_runs``): its step's latest sending."""
+        if row["exec_attempt"] is None:
+            return None
+        return cls(
+            row["exec_attempt"],
+            row["method"],
+            row["url"],
+            row["idempotency_key"],
+            row["sealed_at"],
+            row["dispatched_at"],
+            row["exec_status"],
+            _answer(row["response"]),
+        )
+
+    @classmethod
+    def of_execution(cls, row: Row) -> Sent:
+        """From one of a run's executions (``console_reads.executions``)."""
+        return cls(
+            row["attempt"],
+            row["method"],
+            row["url"],
+            row["idempotency_key"],
+            row["sealed_at"],
+            row["dispatched_at"],
+            row["status"],
+            _answer(row["response"]),
+        )
+
+
+@dataclass(frozen=True)
+class HeldRun:
+    """A held run as the console explains it: why, what was sent, what is known, and the
+    actions the visitor may take."""
+
+    run: Row
+    status: Any  # the run's status as the API shows it
+    words: wording.Hold
+    sent: Sent | None  # the step's latest sealed request, if it sealed one
+    receipt: str | None  # how the product's receipt can be asked for, if it can
+    actions: list[str]
+
+
+async def _receipt(context: Context, run: Row) -> tuple[Definition | None, str | None]:
+    try:
+        definition = await context.workflows.by_digest(context.db, run["digest"])
+    except (LookupError, ValueError):
+        return None, None
+    step = definition.workflow.steps.get(run["step"])
+    if not isinstance(step, Call):
+        return definition, None
+    operation = definition.operations[step.id]
+    if operation.recovery is Recovery.SAME_COMMAND_AND_RECEIPT:
+        return definition, (
+            f"{operation.product} keeps receipts for {operation.name}: reconcile asks for "
+            "the receipt of the original key"
+        )
+    return definition, f"{operation.product} keeps no receipt for {operation.name}"
+
+
+def _actions(who: Visitor, run: Row) -> list[str]:
+    if RunState(run["state"]).terminal:
+        return []
+    names = list(runs.ACTIONS) if run["state"] == RunState.HELD else ["cancel"]
+    return [name for name in names if runs.may_take(who.caller, name, run["workflow_id"])]
+
+
+async def _held_run(context: Context, who: Visitor, run: Row, sent: Sent | None) -> HeldRun:
+    _, receipt = await _receipt(context, run)
+    words = wording.hold(run["hold_code"])
+    return HeldRun(run, runs.run_status(run), words, sent, receipt, _actions(who, run))
+
+
+async def held(context: Context) -> Response:
+    """The landing page: every held run the visitor may see, oldest first."""
+    who = await visitor(context)
+    rows = await console_reads.held_runs(context.db, *_visibility(who))
+    explained = [await _held_run(context, who, row, Sent.of_held(row)) for row in rows]
+    return await page(context, who, "held.html", held=explained)
+
+
+def _moment(name: str) -> datetime | None:
+    """A time filter from the form (a datetime-local value, taken as UTC)."""
+    text = request.args.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise Problem(
+            400, "request.invalid-filter", f"{name} must be a date and time like 2026-12-01T09:30"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+async def runs_page(context: Context) -> Response:
+    """Runs the visitor may read, newest first, filtered, a page at a time; live."""
+    who = await visitor(context)
+    caller, readable = _visibility(who)
+    args = request.args
+    state = args.get("state") or None
+    if state is not None and state not in set(RunState):
+        raise Problem(400, "request.invalid-filter", f"state must be one of {', '.join(RunState)}")
+    filters = store.RunFilter(
+        caller=caller,
+        readable=readable,
+        state=state,
+        workflow=args.get("workflow") or None,
+        version=args.get("version") or None,
+        started_by=args.get("caller") or None,
+        since=_moment("since"),
+        until=_moment("until"),
+        text=args.get("q") or None,
+    )
+    rows = await store.runs_page(context.db, filters, cursor(args.get("cursor")), PAGE_SIZE + 1)
+    shown = rows[:PAGE_SIZE]
+    more = None
+    if len(rows) > PAGE_SIZE:
+        query = {k: v for k, v in args.items() if k != "cursor" and v}
+        query["cursor"] = next_cursor(shown[-1])
+        more = query
+    return await page(
+        context,
+        who,
+        "runs.html",
+        runs=[runs.run_status(r) for r in shown],
+        more=more,
+        args=args,
+        states=list(RunState),
+        workflows=sorted({p.definition.id for p in context.workflows.pinned}),
+    )
+
+
+async def run_page(context: Context, run_id: str) -> Response:
+    """One run: its state, why it is held, its graph, input and output, every call attempt
+    and every history event with who acted and why."""
+    who = await visitor(context)
+    row = await runs.visible_run(context, who.caller, run_id, "read")
+    detail = await console_reads.run_detail(context.db, row["id"])
+    assert detail is not None  # runs are never deleted
+    executions = await console_reads.executions(context.db, row["id"])
+    events = await store.history(context.db, row["id"])
+    current = [e for e in executions if e["step"] == row["step"]]
+    explained = None
+    if row["state"] == RunState.HELD:
+        sent = Sent.of_execution(current[-1]) if current else None
+        explained = await _held_run(context, who, row, sent)
+    definition, _ = await _receipt(context, row)
+    graph = None
+    if definition is not None:
+        marks = dict.fromkeys(detail["completed"] or {}, "taken")
+        marks[row["step"]] = "current"
+        graph = dot(definition.workflow, marks)
+    return await page(
+        context,
+        who,
+        "run.html",
+        run=runs.run_status(row),
+        detail=detail,
+        held=explained,
+        actions=_actions(who, row),
+        graph=graph,
+        steps=list(definition.workflow.steps) if definition else [],
+        executions=[dict(e, answer=_answer(e["response"])) for e in executions],
+        events=events,
+        done=request.args.get("done"),
+    )
+
+
+async def workflows_page(context: Context) -> Response:
+    """The pinned workflows, by version, with their digests and how many runs each has."""
+    who = await visitor(context)
+    counts = await console_reads.run_counts(context.db) if who.caller.operator else {}
+    return await page(
+        context,
+        who,
+        "workflows.html",
+        pinned=context.workflows.pinned,
+        counts=counts,
+        states=list(RunState),
+    )
+
+
+async def workflow_page(context: Context, digest: str) -> Response:
+    who = await visitor(context)
+    found = [p for p in context.workflows.pinned if p.digest == digest]
+    if not found:
+        raise Problem(404, "workflow.not-pinned", f"no pinned workflow with digest {digest}")
+    pinned = found[0]
+    counts = await console_reads.run_counts(context.db) if who.caller.operator else {}
+    return await page(
+        context,
+        who,
+        "workflow.html",
+        pinned=pinned,
+        graph=dot(pinned.definition.workflow),
+        counts=counts.get(digest, {}),
+        states=list(RunState),
+    )
+
+
+async def admission_page(context: Context) -> Response:
+    who = await visitor(context)
+    state = await console_reads.admission(context.db)
+    events = await console_reads.admission_events(context.db)
+    return await page(context, who, "admission.html", admission=state, events=events)
+
+
+def _families(metrics: list[Metric]) -> list[dict[str, Any]]:
+    """The service's metrics as tables: each family's samples by their labels."""
+    shown = []
+    for family in metrics:
+        samples = [
+            {"name": s.name, "labels": s.labels, "value": s.value}
+            for s in family.samples
+            if not s.name.endswith(("_created", "_bucket"))
+        ]
+        if samples:
+            shown.append({"name": family.name, "help": family.documentation, "samples": samples})
+    return shown
+
+
+async def health_page(context: Context) -> Response:
+    """Readiness and the service's own figures, the same as /ready and /metrics give."""
+    who = await visitor(context)
+    parts = await probes.readiness(context)
+    await probes.scrape(context)
+    return await page(
+        context,
+        who,
+        "health.html",
+        parts=parts,
+        ready=all(part["ok"] for part in parts.values()),
+        sign_in=context.issuer.state(),
+        families=_families(list(context.metrics.registry.collect())),
+        pools=[
+            {
+                "name": name,
+                "limit": product.limiter.total_tokens,
+                "in_use": product.limiter.borrowed_tokens,
+                "queued": max(0, product.queued - product.limiter.borrowed_tokens),
+            }
+            for name, product in sorted(context.products.items())
+        ],
+    )

@@ -1,0 +1,93 @@
+"""The console's route table, and how its refusals are answered: as pages, not JSON.
+
+The table is apart from the API's (``api.ROUTES``, which ``openapi.yaml`` documents): the
+console is for people, its answers are HTML, and a refusal is a page with the API's words
+and status. A visitor who must sign in is sent to sign in, and back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response, request
+
+from registry_coordinator.engine.database import Unavailable
+from registry_coordinator.http.console import actions, pages, signin
+from registry_coordinator.http.console.render import asset, html, redirect
+from registry_coordinator.http.console.visitors import SignInNeeded, sign_in_location
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.requests import RETRY_AFTER
+from registry_coordinator.http.routing import Handler, route
+
+log = logging.getLogger(__name__)
+
+
+async def assets(context: Context, version: str, name: str) -> Response:
+    found = asset(version, name)
+    if found is None:
+        raise Problem(404, "route.not-found", f"no console asset {name} of version {version}")
+    return found
+
+
+async def not_found(context: Context, rest: str) -> Response:
+    raise Problem(404, "route.not-found", f"the console has no page /console/{rest}")
+
+
+ROUTES = (
+    route("/console/", get=pages.held),
+    route("/console/runs", get=pages.runs_page),
+    route("/console/runs/<run_id>", get=pages.run_page),
+    route("/console/runs/<run_id>/<action>", get=actions.ask, post=actions.take),
+    route("/console/runs/<run_id>/<action>/review", post=actions.review),
+    route("/console/workflows", get=pages.workflows_page),
+    route("/console/workflows/<digest>", get=pages.workflow_page),
+    route("/console/admission", get=pages.admission_page),
+    route("/console/admission/<change>", post=actions.admission_take),
+    route("/console/admission/<change>/review", post=actions.admission_review),
+    route("/console/health", get=pages.health_page),
+    route("/console/sign-in", get=signin.sign_in),
+    route("/console/callback", get=signin.callback),
+    route("/console/sign-out", post=signin.sign_out),
+    route("/console/assets/<version>/<path:name>", get=assets),
+    route("/console/<path:rest>", get=not_found, post=not_found),
+)
+
+
+def bound(handler: Handler, context: Context) -> Handler:
+    """The view Quart calls: ``handler`` given the context, its refusals as pages."""
+
+    async def view(**parameters: str) -> Response:
+        try:
+            return await handler(context, **parameters)
+        except SignInNeeded:
+            if request.method == "GET":
+                return redirect(sign_in_location())
+            ended = Problem(
+                403,
+                "console.sign-in-needed",
+                "your session has ended, and nothing was done: sign in again, then send it again",
+            )
+            return html("refused.html", 403, problem=ended)
+        except Problem as refused:
+            response = html("refused.html", refused.status, problem=refused)
+            if refused.status == 503:
+                response.headers["Retry-After"] = str(RETRY_AFTER)
+            return response
+        except Unavailable as error:
+            log.warning(
+                "answered %s %s with 503: the database is unavailable: %s",
+                request.method,
+                request.path,
+                error,
+            )
+            outage = Problem(
+                503,
+                "service.unavailable",
+                f"the database cannot be reached: reload the page in {RETRY_AFTER} s",
+            )
+            response = html("refused.html", 503, problem=outage)
+            response.headers["Retry-After"] = str(RETRY_AFTER)
+            return response
+
+    return view

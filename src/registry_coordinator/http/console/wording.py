@@ -1,0 +1,104 @@
+"""What the console says to people who are not programmers: each hold code in plain words,
+and what each action on a held run would do, before they choose it.
+
+Every :class:`HoldCode` has words here (a test holds the two lists together), so a new hold
+code cannot reach an operator as a bare code. The words say what Coordinator knows, what it
+does not, and which actions are safe, in that order: the operator decides on evidence,
+never on a guess that a product did or did not act.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from registry_coordinator.semantics.codes import HoldCode
+
+
+@dataclass(frozen=True)
+class Hold:
+    title: str
+    known: str  # what Coordinator knows, and what it does not
+    advice: str  # which action fits, and when
+
+
+HOLDS: dict[HoldCode, Hold] = {
+    HoldCode.PRODUCT_FORBIDDEN: Hold(
+        "The product refused Coordinator's credentials",
+        "The product answered 401 or 403: it did not act on the request.",
+        "Fix Coordinator's service identity for this product, or the product's policy, "
+        "then retry the same request.",
+    ),
+    HoldCode.OUTCOME_UNKNOWN: Hold(
+        "Nobody knows whether the product acted",
+        "The request may have reached the product, but no usable answer came back "
+        "(a timeout, a dropped connection or a server error).",
+        "Reconcile asks the product for its receipt of the original request, where it has "
+        "one. Otherwise check in the product, then retry the same request (the product "
+        "recognises its key) or cancel.",
+    ),
+    HoldCode.RESPONSE_INVALID: Hold(
+        "The product answered with something Coordinator cannot use",
+        "The product said yes (2xx), so it probably acted, but its answer does not fit the "
+        "operation's schema. The answer is kept below.",
+        "Ask the product's owners about the answer. Reconcile uses the product's receipt, "
+        "if it has a usable one; retrying sends the same request with the same key.",
+    ),
+    HoldCode.DISPATCH_INTERRUPTED: Hold(
+        "Coordinator stopped while the request was out",
+        "The request was sent, then Coordinator restarted or lost the run before it "
+        "recorded the answer. An answer that came back later is kept below.",
+        "Reconcile completes the step on the product's own evidence: its receipt, or the "
+        "answer that came back late. If there is none, check in the product, then retry "
+        "the same request or cancel.",
+    ),
+    HoldCode.DEFINITION_UNUSABLE: Hold(
+        "This build of Coordinator cannot load the run's workflow",
+        "The workflow version the run started on cannot be read by the running build.",
+        "Run a build that can read it, then retry; or cancel.",
+    ),
+    HoldCode.ENGINE_DEFECT: Hold(
+        "Coordinator failed at this step (a defect)",
+        "Coordinator hit an error of its own here, the same one several times. The detail "
+        "names it.",
+        "Report it. Once fixed, retrying takes the step again (a call resends its sealed "
+        "request with its key); or cancel.",
+    ),
+}
+
+
+def hold(code: str | None) -> Hold:
+    """The words for a hold code; a code this build does not know is shown as it is."""
+    try:
+        return HOLDS[HoldCode(code or "")]
+    except ValueError:
+        return Hold(f"Held: {code}", "Coordinator holds this run for an operator.", "")
+
+
+@dataclass(frozen=True)
+class ActionWords:
+    label: str
+    does: str  # what it sends or changes
+    never: str  # what it will not do
+
+
+ACTIONS = {
+    "retry-same": ActionWords(
+        "Retry the same request",
+        "Takes the step again: the sealed request is sent again byte for byte, with its "
+        "original idempotency key, so a product that already applied it answers with the "
+        "original result.",
+        "It does not change the request, and does not assume the first sending failed.",
+    ),
+    "reconcile": ActionWords(
+        "Reconcile with the product",
+        "Asks the product for its receipt of the original key (or uses an answer that came "
+        "back late) and completes the step only if that evidence confirms it.",
+        "It sends no new command. Without confirming evidence the run stays held.",
+    ),
+    "cancel": ActionWords(
+        "Cancel the run",
+        "Stops the run: nothing more is sent. With a request in flight it ends once that "
+        "request settles.",
+        "It does not undo anything a product already did.",
+    ),
+}

@@ -1,0 +1,249 @@
+"""The operator console over HTTP, as a browser speaks to it: pages, headers, assets, sign-in
+at the stand-in OpenID Connect issuer, and the checks on every form that changes something.
+
+What a real browser adds — scripts under the CSP, live updates, the graphs — is in
+tests/browser; here each answer's status, headers and cookies are read exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from urllib.parse import parse_qs, urljoin, urlsplit
+
+import httpx
+import pytest
+
+from registry_coordinator.http.console.render import CSP
+from registry_coordinator.semantics.codes import RunState
+from tests.harness import Service, Services, StandIns, events, held_notice, wait_state
+
+NOTIFY = {"notices": ("messaging", {"requestTimeout": "PT1S"})}
+
+
+class Forms(HTMLParser):
+    """The forms of a page: each one's action and its fields' values."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.forms: list[tuple[str, dict[str, str], list[str]]] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = {k: v or "" for k, v in attrs}
+        if tag == "form":
+            self.forms.append((named.get("action", ""), {}, []))
+        elif tag == "input" and self.forms and "name" in named:
+            self.forms[-1][1][named["name"]] = named.get("value", "")
+        elif tag == "button" and self.forms:
+            self.forms[-1][2].append(named.get("value", ""))
+
+    def handle_data(self, data: str) -> None:
+        if self.forms and data.strip():
+            self.forms[-1][2].append(data.strip())
+
+    def form(self, label: str) -> tuple[str, dict[str, str]]:
+        """The form whose button says ``label``."""
+        for action, fields, texts in self.forms:
+            if label in texts:
+                return action, fields
+        raise AssertionError(f"no form with a button {label!r} among {self.forms}")
+
+
+def sign_in(service: Service, person: str) -> httpx.Client:
+    """A browser-like client signed in to the console as ``person`` at the stand-in issuer,
+    following every step the browser follows."""
+    browser = httpx.Client(base_url=service.url, timeout=30)
+    first = browser.get("/console/runs?state=held")
+    assert first.status_code == 303, first.text
+    assert first.headers["Location"] == "/console/sign-in?next=%2Fconsole%2Fruns%3Fstate%3Dheld"
+    start = browser.get(first.headers["Location"])
+    assert start.status_code == 303
+    login = start.headers["set-cookie"]
+    assert "console-login=" in login and "HttpOnly" in login and "SameSite=Lax" in login
+    authorize = start.headers["Location"]
+    query = parse_qs(urlsplit(authorize).query)
+    assert query["code_challenge_method"] == ["S256"]
+    assert query["redirect_uri"] == [service.url + "/console/callback"]
+    page = httpx.get(authorize, timeout=10)
+    action, fields = Forms(page.text).form(f"Sign in as {person}")
+    approved = httpx.get(urljoin(authorize, action), params=fields, timeout=10)
+    assert approved.status_code == 303, approved.text
+    callback = browser.get(approved.headers["Location"])
+    assert callback.status_code == 200, callback.text
+    session = callback.headers["set-cookie"]
+    assert "console-session=" in session
+    assert all(flag in session for flag in ("HttpOnly", "SameSite=Strict", "Path=/console"))
+    assert 'http-equiv="refresh"' in callback.text
+    assert "/console/runs?state=held" in callback.text
+    browser.headers["Origin"] = service.url
+    return browser
+
+
+@pytest.fixture
+def held(dsn: str, services: Services) -> tuple[Service, StandIns, str]:
+    """A service whose console people sign in at the stand-in issuer, and one run held
+    outcome-unknown (Messaging kept the message but its answer never came)."""
+    service, products, run, _ = held_notice(dsn, services)
+    return service, products, run
+
+
+def test_an_operator_signs_in_and_reconciles_with_a_reason(
+    dsn: str, held: tuple[Service, StandIns, str]
+) -> None:
+    service, products, run = held
+    browser = sign_in(service, "ada")
+    landing = browser.get("/console/")
+    assert landing.status_code == 200
+    assert "Signed in as <strong>ada (registry-operators)</strong>" in landing.text
+    assert f'id="held-{run}"' in landing.text
+    assert "Nobody knows whether the product acted" in landing.text
+    ask = browser.get(f"/console/runs/{run}/reconcile")
+    _, fields = Forms(ask.text).form("Review…")
+    refused = browser.post(f"/console/runs/{run}/reconcile/review", data=fields)
+    assert refused.status_code == 400
+    assert "give a reason" in refused.text
+    fields["reason"] = "ticket OPS-7: Messaging shows the message"
+    review = browser.post(f"/console/runs/{run}/reconcile/review", data=fields)
+    assert review.status_code == 200
+    action, confirm = Forms(review.text).form("Reconcile with the product now")
+    assert confirm["reason"] == fields["reason"]
+    done = browser.post(action, data=confirm)
+    assert done.status_code == 303, done.text
+    assert done.headers["Location"] == f"/console/runs/{run}?done=reconcile"
+    wait_state(dsn, run, RunState.FINISHED)
+    reconciled = [e for e in events(dsn, run) if e["kind"] == "reconciled"]
+    assert [(e["actor"], e["detail"]["reason"]) for e in reconciled] == [
+        ("ada (registry-operators)", "ticket OPS-7: Messaging shows the message")
+    ]
+    assert len(products.requests("messaging", "POST", "/v1/messages")) == 1
+    page = browser.get(done.headers["Location"])
+    assert "Reconcile confirmed the step" in page.text
+    assert "ada (registry-operators)" in page.text
+
+
+def test_a_form_without_its_token_or_from_elsewhere_changes_nothing(
+    dsn: str, held: tuple[Service, StandIns, str]
+) -> None:
+    service, _, run = held
+    browser = sign_in(service, "ada")
+    _, fields = Forms(browser.get(f"/console/runs/{run}/cancel").text).form("Review…")
+    fields["reason"] = "forged"
+    target = f"/console/runs/{run}/cancel"
+    without = browser.post(target, data={"reason": "forged"})
+    wrong = browser.post(target, data={**fields, "csrf": "x" * 43})
+    elsewhere = browser.post(target, data=fields, headers={"Origin": "https://evil.example"})
+    unnamed = httpx.post(
+        service.url + target, data=fields, cookies=browser.cookies, headers={"Origin": ""}
+    )
+    for answer in (without, wrong, elsewhere, unnamed):
+        assert answer.status_code == 403, answer.text
+        assert "console.forged-request" in answer.text
+    cookieless = httpx.post(service.url + target, data=fields, headers={"Origin": service.url})
+    assert cookieless.status_code == 403
+    assert "console.sign-in-needed" in cookieless.text
+    assert [e["kind"] for e in events(dsn, run)][-1] == "held"
+
+
+def test_a_caller_without_operator_rights_sees_no_actions_and_is_refused(
+    dsn: str, held: tuple[Service, StandIns, str]
+) -> None:
+    service, _, run = held
+    browser = sign_in(service, "sam")
+    page = browser.get(f"/console/runs/{run}")
+    assert page.status_code == 200
+    assert "sam (case-portal)" in page.text
+    assert f"/console/runs/{run}/retry-same" not in page.text
+    assert f"/console/runs/{run}/reconcile" not in page.text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None
+    forced = browser.post(
+        f"/console/runs/{run}/retry-same", data={"csrf": csrf[1], "reason": "forcing it"}
+    )
+    assert forced.status_code == 403
+    assert "auth.operator-required" in forced.text
+    assert [e["kind"] for e in events(dsn, run)][-1] == "held"
+
+
+def test_a_sign_in_is_used_once_and_sign_out_ends_the_session(
+    held: tuple[Service, StandIns, str],
+) -> None:
+    service, _, _ = held
+    browser = httpx.Client(base_url=service.url, timeout=30)
+    start = browser.get("/console/sign-in")
+    authorize = start.headers["Location"]
+    action, fields = Forms(httpx.get(authorize).text).form("Sign in as ada")
+    callback = httpx.get(urljoin(authorize, action), params=fields).headers["Location"]
+    forged = browser.get(re.sub(r"state=[^&]+", "state=not-it", callback))
+    assert forged.status_code == 400
+    assert "console.sign-in-failed" in forged.text
+    # The forged callback spent the login: the real one finds nothing either.
+    replay = browser.get(callback)
+    assert replay.status_code == 400
+    assert "console.sign-in-failed" in replay.text
+
+    signed = sign_in(service, "ada")
+    page = signed.get("/console/")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None
+    out = signed.post("/console/sign-out", data={"csrf": csrf[1]})
+    assert out.status_code == 200
+    assert signed.get("/console/").status_code == 303
+
+
+def test_every_page_has_the_headers_and_assets_are_immutable(dsn: str, services: Services) -> None:
+    service, _ = services.deploy(["notify"], NOTIFY)
+    run = service.start_run("notify", {"email": "b@example.org"})
+    wait_state(dsn, run, RunState.FINISHED)
+    pages = ["/console/", "/console/runs", f"/console/runs/{run}", "/console/workflows"]
+    pages += ["/console/admission", "/console/health", "/console/no-such-page"]
+    for path in pages:
+        answer = service.http.get(path)
+        assert answer.status_code == (404 if "no-such" in path else 200), (path, answer.text)
+        assert answer.headers["Content-Security-Policy"] == CSP
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
+        assert answer.headers["content-type"] == "text/html; charset=utf-8"
+    page = service.http.get(f"/console/runs/{run}")
+    again = service.http.get(
+        f"/console/runs/{run}", headers={"If-None-Match": page.headers["ETag"]}
+    )
+    assert again.status_code == 304
+    assets = re.findall(r'(?:src|href)="(/console/assets/[^"]+)"', page.text)
+    assert len(assets) == 3  # the stylesheet, the console's script, Graphviz
+    for url in assets:
+        asset = service.http.get(url)
+        assert asset.status_code == 200
+        assert asset.headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    stale = re.sub(r"/assets/[0-9a-f]+/", "/assets/000000000000/", assets[0])
+    assert service.http.get(stale).status_code == 404
+
+
+def test_auth_mode_none_needs_no_sign_in_but_forms_need_the_token(
+    dsn: str, services: Services
+) -> None:
+    service, _ = services.deploy(["notify"], NOTIFY)
+    first = service.http.get("/console/runs")
+    assert first.status_code == 200
+    cookie = first.headers["set-cookie"]
+    assert "console-csrf=" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert service.http.get("/console/sign-in").headers["Location"] == "/console/"
+    csrf = re.search(r'name="csrf" value="([^"]+)"', service.http.get("/console/admission").text)
+    assert csrf is not None
+    origin = {"Origin": service.url}
+    forged = httpx.post(
+        service.url + "/console/admission/hold",
+        data={"csrf": csrf[1], "reason": "r"},
+        headers=origin,
+    )  # a page elsewhere cannot send the cookie
+    assert forged.status_code == 403
+    held = service.http.post(
+        "/console/admission/hold", data={"csrf": csrf[1], "reason": "upgrade"}, headers=origin
+    )
+    assert held.status_code == 303
+    refused = service.http.post(
+        "/v1/runs",
+        json={"workflow": "notify", "input": {"email": "c@example.org"}},
+        headers={"Idempotency-Key": "k"},
+    )
+    assert refused.json()["code"] == "admission.held"
+    assert "upgrade" in service.http.get("/console/admission").text
