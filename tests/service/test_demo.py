@@ -73,12 +73,19 @@ def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
                 )
                 assert review.returncode == 0, review.stderr
             if "Still running" in line:
+                lines.append(demo.stdout.readline())
                 break
         else:
             raise AssertionError("".join(lines))
         assert any("Outcome: finished approved-and-notified" in line for line in lines)
         assert url is not None
         assert httpx.get(f"{url}/health").status_code == 200
+        console = f"{url}/console/"
+        assert f"the operator console: {console} (sign in as ada" in lines[-1]
+        # Opening it sends the browser to sign in at the stand-in issuer, whose page offers ada.
+        sign_in = httpx.get(console, follow_redirects=True)
+        assert sign_in.status_code == 200
+        assert "Sign in as ada" in sign_in.text
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) == 130
     finally:

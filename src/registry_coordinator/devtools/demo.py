@@ -31,7 +31,7 @@ import httpx
 
 from registry_coordinator.authoring.artifact import check_source, write
 from registry_coordinator.errors import CoordinatorError, ExitCode
-from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path, mint
+from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path, mint
 from registry_coordinator.http.remote import describe_history
 from registry_coordinator.semantics.codes import RunState
 
@@ -69,9 +69,11 @@ class Demo:
         self.interactive = interactive
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.ports = {
-            name: free_port() for name in ("coordinator", "breg", "casework", "messaging")
+            name: free_port() for name in ("coordinator", "breg", "casework", "messaging", "issuer")
         }
         self.url = f"http://127.0.0.1:{self.ports['coordinator']}"
+        self.issuer = f"http://127.0.0.1:{self.ports['issuer']}"  # the stand-in OIDC issuer
+        self.key = self.data / "keys" / "signing-key.pem"  # the issuer's, and the CLI tokens'
         self.environment = {
             **os.environ,
             "STANDIN_TOKEN": TOKEN,
@@ -93,12 +95,13 @@ class Demo:
         return path, report.digest
 
     def configure(self, artifact: Path, digest: str) -> Path:
-        keys = self.data / "keys" / "signing-key.pem"
+        keys = self.key
         (self.data / "case-portal.token").write_text(
-            mint(keys, "case-portal", ["coordinator.runs"], 3600) + "\n"
+            mint(keys, "case-portal", ["coordinator.runs"], 3600, issuer=self.issuer) + "\n"
         )
         (self.data / "operator.token").write_text(
-            mint(keys, "registry-operators", ["coordinator.operate"], 3600) + "\n"
+            mint(keys, "registry-operators", ["coordinator.operate"], 3600, issuer=self.issuer)
+            + "\n"
         )
         connections = {
             name: {
@@ -121,7 +124,7 @@ class Demo:
             "connections": connections,
             "auth": {
                 "mode": "jwt",
-                "issuer": DEVELOPMENT_ISSUER,
+                "issuer": self.issuer,
                 "audience": DEVELOPMENT_AUDIENCE,
                 "jwksFile": str(jwks_path(keys)),
                 "policies": [
@@ -138,6 +141,7 @@ class Demo:
                     },
                 ],
             },
+            "console": {"clientId": "registry-console"},
             "engine": {"workers": 4, "shutdownGrace": "PT5S"},
         }
         path = self.data / "coordinator.yaml"
@@ -155,9 +159,13 @@ class Demo:
         self.children.append((name, process))
 
     def start_products(self) -> None:
-        say("\n2. Start the stand-in products: BReg, Casework and Messaging on loopback")
+        say(
+            "\n2. Start the stand-in products: BReg, Casework and Messaging on loopback, "
+            "and an OpenID Connect issuer for the console's sign-in"
+        )
         args = ["stand-ins", "--delivery-delay", "1.5"]
         args += [f"--product={p}={self.ports[p]}" for p in ("breg", "casework", "messaging")]
+        args += [f"--issuer={self.ports['issuer']}", f"--issuer-key={self.key}"]
         args += [
             f"--webhook=casework={self.url}/v1/results/reviews",
             f"--webhook=messaging={self.url}/v1/results/notices",
@@ -332,6 +340,7 @@ def main(data: Path, workflows: Path, interactive: bool, keep_running: bool) -> 
         if keep_running:
             say(
                 f"\nStill running for you to explore (Ctrl-C stops everything):\n"
+                f"  the operator console: {demo.url}/console/ (sign in as ada, an operator)\n"
                 f"  coordinator runs list --url {demo.url} "
                 f"--token-file {demo.data / 'operator.token'}\n"
                 f"  curl {demo.url}/metrics\n  logs in {demo.data}"
