@@ -7,6 +7,8 @@ pages (tests/browser/conftest.py). The screenshots in docs/console/ are written 
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from playwright.sync_api import Page, expect
 
@@ -15,7 +17,7 @@ from registry_coordinator.semantics.codes import RunState
 from tests.browser.pages import PageErrors, screenshot
 from tests.harness import Service, Services, StandIns, decide, events, held_notice, wait_state
 
-REVIEW = {
+REVIEW: dict[str, tuple[str, dict[str, Any]]] = {
     "applications": ("breg", {}),
     "reviews": ("casework", {}),
     "notices": ("messaging", {}),
@@ -47,6 +49,9 @@ def test_an_operator_signs_in_reconciles_a_held_run_and_watches_it_finish(
     page.get_by_label("Reason").fill("ticket OPS-7: Messaging shows the message as sent")
     page.get_by_role("button", name="Review…").click()
     expect(page.get_by_text("ticket OPS-7: Messaging shows the message as sent")).to_be_visible()
+    found = page.get_by_role("region", name="What the product says now")
+    expect(found).to_contain_text("The product's receipt for the key (202) confirms the request")
+    expect(found).to_contain_text('"status": "accepted"')
     screenshot(page, "reconcile-confirm")
     page.get_by_role("button", name="Reconcile with the product now").click()
 

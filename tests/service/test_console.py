@@ -16,7 +16,7 @@ import pytest
 
 from registry_coordinator.http.console.render import CSP
 from registry_coordinator.semantics.codes import RunState
-from tests.harness import Service, Services, StandIns, events, held_notice, wait_state
+from tests.harness import HANG_ONCE, Service, Services, StandIns, events, held_notice, wait_state
 
 NOTIFY = {"notices": ("messaging", {"requestTimeout": "PT1S"})}
 
@@ -106,6 +106,7 @@ def test_an_operator_signs_in_and_reconciles_with_a_reason(
     fields["reason"] = "ticket OPS-7: Messaging shows the message"
     review = browser.post(f"/console/runs/{run}/reconcile/review", data=fields)
     assert review.status_code == 200
+    assert "confirms the request: reconciling completes the step" in review.text
     action, confirm = Forms(review.text).form("Reconcile with the product now")
     assert confirm["reason"] == fields["reason"]
     done = browser.post(action, data=confirm)
@@ -247,3 +248,30 @@ def test_auth_mode_none_needs_no_sign_in_but_forms_need_the_token(
     )
     assert refused.json()["code"] == "admission.held"
     assert "upgrade" in service.http.get("/console/admission").text
+
+
+def test_the_confirmation_shows_the_exact_bytes_and_what_reconcile_would_find(
+    dsn: str, services: Services
+) -> None:
+    service, products = services.deploy(["act"], {"registry": ("breg", {"requestTimeout": "PT1S"})})
+    products.faults("breg", {**HANG_ONCE, "match": "POST /v1/actions"})
+    run = service.start_run("act", {"recordId": "app-5"})
+    wait_state(dsn, run, RunState.HELD)
+    origin = {"Origin": service.url}
+    page = service.http.get(f"/console/runs/{run}/reconcile")
+    _, fields = Forms(page.text).form("Review…")
+    fields["reason"] = "is it there?"
+    nothing = service.http.post(
+        f"/console/runs/{run}/reconcile/review", data=fields, headers=origin
+    )
+    assert nothing.status_code == 409  # BReg keeps no receipts, and no answer came back late
+    assert "run.no-receipt" in nothing.text
+    assert "Reconcile with the product now" not in nothing.text
+    sent = products.requests("breg", "POST", "/v1/actions")
+    assert len(sent) == 1
+    retry = service.http.post(f"/console/runs/{run}/retry-same/review", data=fields, headers=origin)
+    assert retry.status_code == 200
+    assert "with exactly this body:" in retry.text
+    assert "app-5" in retry.text.split("with exactly this body:")[1].split("</pre>")[0]
+    assert [e["kind"] for e in events(dsn, run)][-1] == "held"  # nothing was done yet
+    assert len(products.requests("breg", "POST", "/v1/actions")) == 1

@@ -144,20 +144,25 @@ async def _evidence(
     return evidence
 
 
-async def reconcile(
-    db: Database,
-    workflows: Workflows,
-    products: dict[str, Product],
-    timer: Timer,
-    run_id: uuid.UUID,
-    actor: str,
-    reason: str,
-) -> None:
-    """Complete a held call on the product's own evidence — its receipt for the original
-    key, or else an answer to it that came back late — or refuse, leaving the run held.
+@dataclass(frozen=True)
+class Found:
+    """What reconcile finds for a held call, before it records anything: the run as judged
+    held, its step, the original key, and the product's evidence."""
 
-    The run is not locked while the product is asked: the action is recorded only if the
-    run is as it was when it was judged held (its ``seq``), else refused ``run.changed``."""
+    run: Row
+    step: Call
+    key: str
+    evidence: Evidence
+
+
+async def find_evidence(
+    db: Database, workflows: Workflows, products: dict[str, Product], run_id: uuid.UUID
+) -> Found:
+    """Ask what reconcile would: the product's receipt for the original key, or else an
+    answer to it that came back late. Changes nothing; the console shows it before an
+    operator confirms. Refused as reconcile is when the run is not held at a sent call.
+
+    The run is not locked while the product is asked."""
     async with _held(db, run_id) as locked:
         run = locked.run
     definition = await workflows.by_digest(db, run["digest"])
@@ -180,7 +185,23 @@ async def reconcile(
             f"{operation.product}/{operation.name} has no receipt lookup, and no answer to "
             "it came back; check the product, then retry-same or cancel",
         )
-    await _record(db, run, step, evidence, key, actor, reason)
+    return Found(run, step, key, evidence)
+
+
+async def reconcile(
+    db: Database,
+    workflows: Workflows,
+    products: dict[str, Product],
+    timer: Timer,
+    run_id: uuid.UUID,
+    actor: str,
+    reason: str,
+) -> None:
+    """Complete a held call on the product's own evidence (:func:`find_evidence`), or
+    refuse, leaving the run held. The action is recorded only if the run is as it was when
+    it was judged held (its ``seq``), else refused ``run.changed``."""
+    found = await find_evidence(db, workflows, products, run_id)
+    await _record(db, found.run, found.step, found.evidence, found.key, actor, reason)
     timer.runnable()
 
 

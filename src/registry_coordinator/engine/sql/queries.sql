@@ -570,8 +570,8 @@ LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its cla
 WHERE r.id = %(id)s;
 
 -- name: console_executions
--- Every sending of a run's calls, in the order they were sealed, with what came back.
-SELECT step, attempt, method, url, idempotency_key, sealed_at, dispatched_at, settled_at,
+-- Every sending of a run's calls, in the order they were sealed: what was sent, what came back.
+SELECT step, attempt, method, url, body, idempotency_key, sealed_at, dispatched_at, settled_at,
        status, outcome, response, late_status, late_at
 FROM executions WHERE run_id = %(id)s
 ORDER BY sealed_at, step, attempt;

@@ -20,13 +20,13 @@ from quart import Response
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.engine import console_reads
 from registry_coordinator.engine.database import Row
-from registry_coordinator.http import admission, runs
+from registry_coordinator.http import admission, operations, runs
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.pages import Sent, page
 from registry_coordinator.http.console.render import redirect
 from registry_coordinator.http.console.visitors import Visitor, checked_form, visitor
 from registry_coordinator.http.context import Context
-from registry_coordinator.http.operations import require_reason
+from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
 
 _ADMISSION = {"hold": True, "release": False}
@@ -71,6 +71,16 @@ async def _form(
 ) -> Response:
     words = _known(action)
     row, sent = await _subject(context, who, run_id, action)
+    found: Evidence | None = None
+    if action == "reconcile" and stage == "confirm":
+        try:  # what reconcile will find, shown before the operator confirms it
+            found = (
+                await operations.find_evidence(
+                    context.db, context.workflows, context.products, row["id"]
+                )
+            ).evidence
+        except Problem as nothing:
+            stage, refused = "ask", nothing
     return await page(
         context,
         who,
@@ -83,6 +93,7 @@ async def _form(
         stage=stage,
         reason=reason,
         refused=refused,
+        evidence=found,
     )
 
 

@@ -50,7 +50,11 @@ async def page(
     held = 0
     if who.caller.may("read"):
         held = await console_reads.held_count(context.db, *_visibility(who))
-    response = html(template, status, who=who, held_count=held, path=request.path, **values)
+    # Only a page got by GET may be asked for again: a POST's answer has no URL to poll.
+    live = request.method == "GET"
+    response = html(
+        template, status, who=who, held_count=held, path=request.path, live=live, **values
+    )
     if who.new_csrf_cookie:
         set_cookie(context, response, CSRF_COOKIE, who.csrf)
     return response
@@ -76,6 +80,7 @@ class Sent:
     dispatched_at: datetime | None
     status: int | None
     answer: str | None
+    body: str | None = None  # the sealed request's body, where the page shows it
 
     @classmethod
     def of_held(cls, row: Row) -> Sent | None:
@@ -105,6 +110,7 @@ class Sent:
             row["dispatched_at"],
             row["status"],
             _answer(row["response"]),
+            _answer(row["body"]),
         )
 
 

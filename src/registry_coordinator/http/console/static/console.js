@@ -1,6 +1,6 @@
 // Registry Coordinator console: the page works without this file; with it, graphs are
-// drawn (Graphviz as WebAssembly, vendored) and the regions marked data-live follow the
-// service without a reload. No inline script anywhere: the Content-Security-Policy
+// drawn (Graphviz as WebAssembly, vendored) and, on a page got by GET (data-live-page), the
+// regions marked data-live follow the service without a reload. No inline script anywhere: the Content-Security-Policy
 // allows scripts from the service only.
 "use strict";
 
@@ -61,7 +61,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     drawGraphs(document);
-    if (regions(document).length) {
+    if (document.body.hasAttribute("data-live-page") && regions(document).length) {
       window.setInterval(poll, POLL_MS);
       document.addEventListener("visibilitychange", poll);
     }
