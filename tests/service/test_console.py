@@ -247,7 +247,9 @@ def test_auth_mode_none_needs_no_sign_in_but_forms_need_the_token(
         headers={"Idempotency-Key": "k"},
     )
     assert refused.json()["code"] == "admission.held"
-    assert "upgrade" in service.http.get("/console/admission").text
+    after = service.http.get(held.headers["Location"])
+    assert "New starts are now held." in after.text
+    assert "upgrade" in after.text
 
 
 def test_the_confirmation_shows_the_exact_bytes_and_what_reconcile_would_find(

@@ -32,6 +32,8 @@ from registry_coordinator.http.requests import cursor, next_cursor
 from registry_coordinator.semantics.codes import RunState
 
 PAGE_SIZE = 50
+#: The held runs the landing page explains at most, oldest first; the rest are on the runs page.
+HELD_SHOWN = 200
 #: How much of a product's answer a page shows; the whole is in the database.
 ANSWER_PREVIEW = 600
 
@@ -160,9 +162,9 @@ async def _held_run(context: Context, who: Visitor, run: Row, sent: Sent | None)
 async def held(context: Context) -> Response:
     """The landing page: every held run the visitor may see, oldest first."""
     who = await visitor(context)
-    rows = await console_reads.held_runs(context.db, *_visibility(who))
+    rows = await console_reads.held_runs(context.db, *_visibility(who), limit=HELD_SHOWN)
     explained = [await _held_run(context, who, row, Sent.of_held(row)) for row in rows]
-    return await page(context, who, "held.html", held=explained)
+    return await page(context, who, "held.html", held=explained, shown=HELD_SHOWN)
 
 
 def _moment(name: str) -> datetime | None:
@@ -289,7 +291,8 @@ async def admission_page(context: Context) -> Response:
     who = await visitor(context)
     state = await console_reads.admission(context.db)
     events = await console_reads.admission_events(context.db)
-    return await page(context, who, "admission.html", admission=state, events=events)
+    done = request.args.get("done")
+    return await page(context, who, "admission.html", admission=state, events=events, done=done)
 
 
 def _families(metrics: list[Metric]) -> list[dict[str, Any]]:
