@@ -109,7 +109,7 @@ def test_an_artifact_runs_on_its_own_descriptors(tmp_path: Path) -> None:
     graph = coordinator("graph", artifact, "--format", "dot")
     assert graph.returncode == 0
     assert graph.stdout.startswith('digraph "review-application" {')
-    assert 'await_decision -> not_decided [label="on-timeout", style=dashed];' in graph.stdout
+    assert '"await_decision" -> "not_decided" [label="on-timeout", style=dashed];' in graph.stdout
 
 
 def test_a_stored_definition_is_built_without_being_judged_again(tmp_path: Path) -> None:

@@ -56,7 +56,9 @@ def _workflow() -> Workflow:
 def test_the_graph_marks_the_path_and_the_current_step() -> None:
     workflow = _workflow()
     drawn = dot(workflow, {"read_application": "taken", "request_review": "current"})
-    lines = {line.split()[0]: line for line in drawn.splitlines()[4:] if "[shape" in line}
+    lines = {line.split()[0].strip('"'): line for line in drawn.splitlines() if "[shape" in line}
+    assert lines.pop("__start") == "  __start [shape=point];"
+    assert all(line.startswith('  "') for line in lines.values())  # any step id is quoted
     assert 'class="taken"' in lines["read_application"]
     assert 'class="current"' in lines["request_review"]
     assert 'id="step-route"' in lines["route"] and "class=" not in lines["route"]

@@ -109,6 +109,9 @@ def test_an_operator_signs_in_and_reconciles_with_a_reason(
     assert "confirms the request: reconciling completes the step" in review.text
     action, confirm = Forms(review.text).form("Reconcile with the product now")
     assert confirm["reason"] == fields["reason"]
+    moved = browser.post(action, data={**confirm, "seq": str(int(confirm["seq"]) - 1)})
+    assert moved.status_code == 409  # what was confirmed is not how the run stands now
+    assert "run.changed" in moved.text
     done = browser.post(action, data=confirm)
     assert done.status_code == 303, done.text
     assert done.headers["Location"] == f"/console/runs/{run}?done=reconcile"
@@ -217,6 +220,22 @@ def test_every_page_has_the_headers_and_assets_are_immutable(dsn: str, services:
         assert asset.headers["Cache-Control"] == "public, max-age=31536000, immutable"
     stale = re.sub(r"/assets/[0-9a-f]+/", "/assets/000000000000/", assets[0])
     assert service.http.get(stale).status_code == 404
+
+
+def test_filters_a_page_cannot_use_are_refused_with_a_page(dsn: str, services: Services) -> None:
+    service, _ = services.deploy(["notify"], NOTIFY)
+    for query in ("q=%00", "caller=a%00b", "since=yesterday", "state=lost", "cursor=zz"):
+        answer = service.http.get(f"/console/runs?{query}")
+        assert answer.status_code == 400, (query, answer.text)
+        assert answer.headers["content-type"] == "text/html; charset=utf-8"
+        assert "request.invalid-" in answer.text
+    assert service.http.get("/console/runs/not-a-run").status_code == 404
+    # auth mode none answers only to a loopback name (a rebound DNS name is not the console)
+    rebound = service.http.get(
+        "/console/", headers={"Host": f"evil.example:{urlsplit(service.url).port}"}
+    )
+    assert rebound.status_code == 403
+    assert "console.forged-request" in rebound.text
 
 
 def test_auth_mode_none_needs_no_sign_in_but_forms_need_the_token(

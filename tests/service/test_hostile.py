@@ -340,5 +340,14 @@ def test_runs_of_a_definition_this_build_refuses_or_cannot_use(
     )
     assert tries == 3
     assert [e["kind"] for e in events(dsn, broken)] == ["admitted", "held"]
+    # An operator can see it and is told why reconcile cannot judge it, in the API and the
+    # console, whose pages show the run without the graph the definition would give.
+    reconcile = service.http.post(f"/v1/runs/{broken}/reconcile", json={"reason": "look"})
+    assert reconcile.status_code == 409
+    assert reconcile.json()["code"] == "run.definition-unusable"
+    assert f'id="held-{broken}"' in service.http.get("/console/").text
+    page = service.http.get(f"/console/runs/{broken}")
+    assert page.status_code == 200
+    assert "cannot be loaded by this build" in page.text
     assert [e["kind"] for e in events(dsn, late)] == ["admitted", "expired"]
     assert run_state(dsn, kept)["outcome"] == "even"

@@ -62,6 +62,9 @@ def mermaid(workflow: Workflow) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The entry point's node in DOT: no step id can be it (step ids begin with a letter), and
+#: ids are quoted, so a step may be named ``start``, ``node`` or ``graph``.
+START = "__start"
 #: The classes a drawing may give a step: ``taken`` on the path a run took, ``current``
 #: where it is (or ended).
 MARKS = frozenset({"taken", "current"})
@@ -85,13 +88,13 @@ def dot(workflow: Workflow, marks: Mapping[str, str] | None = None) -> str:
     lines = [
         f"digraph {text(workflow.id)} {{",
         "  rankdir=TB;",
-        "  start [shape=point];",
-        f"  start -> {workflow.start};",
+        f"  {START} [shape=point];",
+        f"  {START} -> {text(workflow.start)};",
     ]
     for step in workflow.steps.values():
         mark = f", class={text(marks[step.id])}" if step.id in marks else ""
         lines.append(
-            f"  {step.id} [shape={shapes[type(step)]}, label={text(_label(step))}, "
+            f"  {text(step.id)} [shape={shapes[type(step)]}, label={text(_label(step))}, "
             f"id={text('step-' + step.id)}{mark}];"
         )
     for step in workflow.steps.values():
@@ -103,6 +106,6 @@ def dot(workflow: Workflow, marks: Mapping[str, str] | None = None) -> str:
             if not edge.carries_output:
                 attrs.append("style=dashed")
             suffix = f" [{', '.join(attrs)}]" if attrs else ""
-            lines.append(f"  {step.id} -> {edge.target}{suffix};")
+            lines.append(f"  {text(step.id)} -> {text(edge.target)}{suffix};")
     lines.append("}")
     return "\n".join(lines) + "\n"

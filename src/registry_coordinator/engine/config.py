@@ -243,7 +243,7 @@ def _auth(reader: Reader, value: JSON, base: Path, host: str) -> AuthConfig | No
         return None
     jwks_file = reader.string(data, "jwksFile", path, "auth")
     jwks_url = reader.string(data, "jwksUrl", path, "auth")
-    if jwks_url is not None and not _https_or_loopback(jwks_url):
+    if jwks_url is not None and not https_or_loopback(jwks_url):
         reader.report(
             "config.invalid-value",
             f"auth jwksUrl {jwks_url!r} is not an https URL, and the keys that decide who "
@@ -284,7 +284,7 @@ def _console(reader: Reader, value: JSON, auth: AuthConfig | None) -> ConsoleCon
     public_url = reader.string(data, "publicUrl", path, "console")
     if public_url is not None:
         public_url = public_url.rstrip("/")
-        if not _https_or_loopback(public_url) or urlsplit(public_url).path:
+        if not https_or_loopback(public_url) or urlsplit(public_url).path:
             reader.report(
                 "config.invalid-value",
                 f"console publicUrl {public_url!r} is not an https origin (scheme, host and "
@@ -370,7 +370,7 @@ def _policies(reader: Reader, items: JSON, path: DataPath) -> tuple[Policy, ...]
     return tuple(policies)
 
 
-def _https_or_loopback(url: str) -> bool:
+def https_or_loopback(url: str) -> bool:
     """An https URL, or plain http to this machine's loopback (for development)."""
     try:
         parts = urlsplit(url)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
 from registry_coordinator.authoring.catalog import Operation, Recovery
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.workflow import Call
 from registry_coordinator.engine import operator_actions, store
 from registry_coordinator.engine.calls import Product
@@ -165,7 +166,15 @@ async def find_evidence(
     The run is not locked while the product is asked."""
     async with _held(db, run_id) as locked:
         run = locked.run
-    definition = await workflows.by_digest(db, run["digest"])
+    try:
+        definition = await workflows.by_digest(db, run["digest"])
+    except (LookupError, Refused) as unusable:
+        raise Problem(
+            409,
+            "run.definition-unusable",
+            f"this build cannot load the run's definition ({unusable}), so it cannot judge "
+            "the product's evidence: run a build that can, or retry-same or cancel",
+        ) from None
     step = definition.step(run["step"])
     sealed = await operator_actions.sealed_request(db, run_id, run["step"])
     if not isinstance(step, Call) or sealed is None:

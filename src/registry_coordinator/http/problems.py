@@ -44,6 +44,7 @@ CODES: dict[str, str] = {
     "run.ended": "the run has already ended",
     "run.not-held": "the action needs a held run",
     "run.nothing-to-resend": "reconcile on a held run that sent no request at its step",
+    "run.definition-unusable": "reconcile on a run whose definition this build cannot load",
     "run.no-receipt": "the held call has no receipt lookup, and no answer to it came back late",
     "run.changed": "the run changed while the action was taken",
     "reconcile.no-receipt": "the product has no record of the original request",

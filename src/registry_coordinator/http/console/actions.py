@@ -94,6 +94,7 @@ async def _form(
         reason=reason,
         refused=refused,
         evidence=found,
+        seq=row["seq"],
     )
 
 
@@ -125,6 +126,7 @@ async def take(context: Context, run_id: str, action: str) -> Response:
     _known(action)
     reason = form.get("reason", "")
     try:
+        await _unchanged(context, who, run_id, action, form.get("seq"))
         row, status = await runs.act(context, who.caller, run_id, action, _body(reason))
     except Problem as refused:
         if refused.status in (401, 403, 404):
@@ -132,6 +134,21 @@ async def take(context: Context, run_id: str, action: str) -> Response:
         return await _form(context, who, run_id, action, "ask", reason, refused)
     query = urlencode({"done": action if status == 200 else f"{action}-pending"})
     return redirect(f"/console/runs/{row['id']}?{query}")
+
+
+async def _unchanged(
+    context: Context, who: Visitor, run_id: str, action: str, reviewed: str | None
+) -> None:
+    """Refuse to act on a run that moved since the operator confirmed what would be done:
+    what they saw (the request to resend, the evidence) may no longer be what happens."""
+    row, _ = await _subject(context, who, run_id, action)
+    if reviewed != str(row["seq"]):
+        raise Problem(
+            409,
+            "run.changed",
+            f"the run changed since you reviewed it (it is now {row['state']} at step "
+            f"{row['step']}): nothing was done; look again",
+        )
 
 
 def _change(change: str) -> bool:

@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from registry_coordinator.engine.config import AuthConfig, ConsoleConfig
+from registry_coordinator.engine.config import AuthConfig, ConsoleConfig, https_or_loopback
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.problems import Problem
 
@@ -41,7 +41,8 @@ def random_token() -> str:
 
 
 def _url(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and value.startswith(("https://", "http://"))
+    """An endpoint the code and the PKCE verifier may be sent to: https, or loopback http."""
+    return isinstance(value, str) and https_or_loopback(value)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,10 @@ class Issuer:
         authorization = document.get("authorization_endpoint")
         token = document.get("token_endpoint")
         if not (_url(authorization) and _url(token)):
-            raise ValueError("it names no usable authorization_endpoint and token_endpoint")
+            raise ValueError(
+                "it names no authorization_endpoint and token_endpoint that are https "
+                "(plain http only on loopback)"
+            )
         return Endpoints(authorization, token)
 
     async def authorization_url(
@@ -191,6 +195,8 @@ class Issuer:
             )
         try:
             claims = await auth.verify(identity, self.console.client_id)
+            if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+                raise Problem(400, "console.sign-in-failed", "the ID token names nobody (no sub)")
             if claims.get("nonce") != nonce:
                 raise Problem(400, "console.sign-in-failed", "the ID token is not for this sign-in")
             access_claims = await auth.verify(access, self.auth.audience)

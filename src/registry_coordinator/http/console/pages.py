@@ -16,8 +16,10 @@ from typing import Any
 from prometheus_client import Metric
 from quart import Response, request
 
+from registry_coordinator.authoring.canonical import storable
 from registry_coordinator.authoring.catalog import Recovery
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.drawing import dot
 from registry_coordinator.authoring.workflow import Call
 from registry_coordinator.engine import console_reads, store
@@ -82,7 +84,7 @@ class Sent:
     dispatched_at: datetime | None
     status: int | None
     answer: str | None
-    body: str | None = None  # the sealed request's body, where the page shows it
+    body: str | None = None  # the sealed request's whole body, where the page shows it
 
     @classmethod
     def of_held(cls, row: Row) -> Sent | None:
@@ -112,7 +114,7 @@ class Sent:
             row["dispatched_at"],
             row["status"],
             _answer(row["response"]),
-            _answer(row["body"]),
+            bytes(row["body"]).decode("utf-8", errors="replace") if row["body"] else None,
         )
 
 
@@ -127,12 +129,13 @@ class HeldRun:
     sent: Sent | None  # the step's latest sealed request, if it sealed one
     receipt: str | None  # how the product's receipt can be asked for, if it can
     actions: list[str]
+    calls_shown: bool  # whether the visitor may see what was sent (an operator)
 
 
 async def _receipt(context: Context, run: Row) -> tuple[Definition | None, str | None]:
     try:
         definition = await context.workflows.by_digest(context.db, run["digest"])
-    except (LookupError, ValueError):
+    except (LookupError, ValueError, Refused):  # missing, altered, or not runnable here
         return None, None
     step = definition.workflow.steps.get(run["step"])
     if not isinstance(step, Call):
@@ -154,9 +157,13 @@ def _actions(who: Visitor, run: Row) -> list[str]:
 
 
 async def _held_run(context: Context, who: Visitor, run: Row, sent: Sent | None) -> HeldRun:
+    """A held run explained; what was sent where, and what came back, only to an operator
+    (the API shows a run's calls to nobody else)."""
+    sent = sent if who.caller.operator else None
     _, receipt = await _receipt(context, run)
     words = wording.hold(run["hold_code"])
-    return HeldRun(run, runs.run_status(run), words, sent, receipt, _actions(who, run))
+    actions = _actions(who, run)
+    return HeldRun(run, runs.run_status(run), words, sent, receipt, actions, who.caller.operator)
 
 
 async def held(context: Context) -> Response:
@@ -186,6 +193,9 @@ async def runs_page(context: Context) -> Response:
     who = await visitor(context)
     caller, readable = _visibility(who)
     args = request.args
+    for name in ("workflow", "version", "caller", "q"):
+        if not storable(args.get(name)):
+            raise Problem(400, "request.invalid-filter", f"{name} holds text that cannot be stored")
     state = args.get("state") or None
     if state is not None and state not in set(RunState):
         raise Problem(400, "request.invalid-filter", f"state must be one of {', '.join(RunState)}")
@@ -227,6 +237,8 @@ async def run_page(context: Context, run_id: str) -> Response:
     detail = await console_reads.run_detail(context.db, row["id"])
     assert detail is not None  # runs are never deleted
     executions = await console_reads.executions(context.db, row["id"])
+    if not who.caller.operator:
+        executions = []  # product URLs, keys and answers are for operators, as in the API
     events = await store.history(context.db, row["id"])
     current = [e for e in executions if e["step"] == row["step"]]
     explained = None
@@ -251,8 +263,26 @@ async def run_page(context: Context, run_id: str) -> Response:
         steps=list(definition.workflow.steps) if definition else [],
         executions=[dict(e, answer=_answer(e["response"])) for e in executions],
         events=events,
-        done=request.args.get("done"),
+        done=_done(request.args.get("done"), events),
     )
+
+
+#: The history event each console action leaves, by the ``done`` its redirect names.
+_DONE = {
+    "retry-same": "retry-same",
+    "reconcile": "reconciled",
+    "cancel": "cancelled",
+    "cancel-pending": "cancel-requested",
+}
+
+
+def _done(done: str | None, events: list[Row]) -> str | None:
+    """The action to confirm at the top of a run's page: only the one its history's latest
+    operator event shows (a link cannot make the page claim an action nobody took)."""
+    people = [e for e in events if e["kind"] in _DONE.values()]
+    if done in _DONE and people and people[-1]["kind"] == _DONE[done]:
+        return done
+    return None
 
 
 async def workflows_page(context: Context) -> Response:
@@ -290,7 +320,7 @@ async def workflow_page(context: Context, digest: str) -> Response:
 async def admission_page(context: Context) -> Response:
     who = await visitor(context)
     state = await console_reads.admission(context.db)
-    events = await console_reads.admission_events(context.db)
+    events = await console_reads.admission_events(context.db) if who.caller.operator else []
     done = request.args.get("done")
     return await page(context, who, "admission.html", admission=state, events=events, done=done)
 

@@ -54,8 +54,16 @@ ROUTES = (
 )
 
 
+def _refusal(problem: Problem) -> Response:
+    response = html("refused.html", problem.status, problem=problem)
+    if problem.status == 503:
+        response.headers["Retry-After"] = str(RETRY_AFTER)
+    return response
+
+
 def bound(handler: Handler, context: Context) -> Handler:
-    """The view Quart calls: ``handler`` given the context, its refusals as pages."""
+    """The view Quart calls: ``handler`` given the context, its refusals as pages. What
+    nobody meant to raise is a defect: logged with its cause, and a page that says so."""
 
     async def view(**parameters: str) -> Response:
         try:
@@ -63,17 +71,16 @@ def bound(handler: Handler, context: Context) -> Handler:
         except SignInNeeded:
             if request.method == "GET":
                 return redirect(sign_in_location())
-            ended = Problem(
-                403,
-                "console.sign-in-needed",
-                "your session has ended, and nothing was done: sign in again, then send it again",
+            return _refusal(
+                Problem(
+                    403,
+                    "console.sign-in-needed",
+                    "your session has ended, and nothing was done: sign in again, then "
+                    "send it again",
+                )
             )
-            return html("refused.html", 403, problem=ended)
         except Problem as refused:
-            response = html("refused.html", refused.status, problem=refused)
-            if refused.status == 503:
-                response.headers["Retry-After"] = str(RETRY_AFTER)
-            return response
+            return _refusal(refused)
         except Unavailable as error:
             log.warning(
                 "answered %s %s with 503: the database is unavailable: %s",
@@ -81,13 +88,22 @@ def bound(handler: Handler, context: Context) -> Handler:
                 request.path,
                 error,
             )
-            outage = Problem(
-                503,
-                "service.unavailable",
-                f"the database cannot be reached: reload the page in {RETRY_AFTER} s",
+            return _refusal(
+                Problem(
+                    503,
+                    "service.unavailable",
+                    f"the database cannot be reached: reload the page in {RETRY_AFTER} s",
+                )
             )
-            response = html("refused.html", 503, problem=outage)
-            response.headers["Retry-After"] = str(RETRY_AFTER)
-            return response
+        except Exception:
+            log.exception("the console failed to answer %s %s", request.method, request.path)
+            return _refusal(
+                Problem(
+                    500,
+                    "service.internal-error",
+                    "the console failed to answer (a defect, logged with its cause); what "
+                    "an action changed, if anything, is in the run's history",
+                )
+            )
 
     return view

@@ -22,9 +22,9 @@ from registry_coordinator.engine import sessions
 from registry_coordinator.http.console.issuer import random_token
 from registry_coordinator.http.console.render import html, redirect
 from registry_coordinator.http.console.visitors import (
-    LOGIN_COOKIE,
     checked_form,
     digest,
+    login_cookie,
     origin,
     session_cookie,
     set_cookie,
@@ -65,7 +65,7 @@ async def sign_in(context: Context) -> Response:
     set_cookie(
         context,
         response,
-        LOGIN_COOKIE,
+        login_cookie(context),
         login,
         samesite="Lax",
         max_age=int(LOGIN_LIFETIME.total_seconds()),
@@ -78,7 +78,7 @@ def _failed(detail: str) -> Problem:
 
 
 async def callback(context: Context) -> Response:
-    login = request.cookies.get(LOGIN_COOKIE)
+    login = request.cookies.get(login_cookie(context))
     row = await sessions.take_login(context.db, digest(login)) if login else None
     if row is None:
         raise _failed("this sign-in was not started here, was used already or took too long")
@@ -107,7 +107,7 @@ async def callback(context: Context) -> Response:
     response = html("signed_in.html", who=caller.actor, next=row["return_to"])
     response.headers["Cache-Control"] = "no-store"
     set_cookie(context, response, session_cookie(context), session)
-    set_cookie(context, response, LOGIN_COOKIE, "", samesite="Lax", max_age=0)  # used
+    set_cookie(context, response, login_cookie(context), "", samesite="Lax", max_age=0)
     return response
 
 

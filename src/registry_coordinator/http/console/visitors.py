@@ -23,13 +23,13 @@ from urllib.parse import quote, urlsplit
 from quart import Response, request
 
 from registry_coordinator.engine import sessions
+from registry_coordinator.engine.config import LOOPBACK
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.console.issuer import random_token
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 
 CSRF_COOKIE = "console-csrf"
-LOGIN_COOKIE = "console-login"
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,12 @@ def session_cookie(context: Context) -> str:
     return "__Host-console-session" if secure(context) else "console-session"
 
 
+def login_cookie(context: Context) -> str:
+    """The cookie that ties a sign-in in progress to this browser; ``__Host-`` under https,
+    so that no other host of the domain can plant one (a login CSRF)."""
+    return "__Host-console-login" if secure(context) else "console-login"
+
+
 def set_cookie(
     context: Context, response: Response, name: str, value: str, **options: object
 ) -> None:
@@ -86,6 +92,15 @@ async def visitor(context: Context) -> Visitor:
     """Who sent this request: the signed-in person's caller, or the local developer in auth
     mode none; raises :class:`SignInNeeded` when someone must sign in first."""
     if not context.issuer.enabled:
+        if urlsplit(request.host_url).hostname not in LOOPBACK:
+            # auth mode none listens on loopback only; a page elsewhere reaching it by a
+            # name of its own (DNS rebinding) must not pass for the console's origin.
+            raise Problem(
+                403,
+                "console.forged-request",
+                f"in auth mode none the console answers only on a loopback address, not "
+                f"{request.host}: open it at 127.0.0.1 or localhost",
+            )
         caller = await context.auth.authenticate(None)
         csrf = request.cookies.get(CSRF_COOKIE)
         if csrf:

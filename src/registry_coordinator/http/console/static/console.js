@@ -23,7 +23,15 @@
         figure.insertBefore(svg, figure.firstChild);
         figure.classList.add("drawn");
       });
+    }).catch(function () {
+      // The graph could not be drawn: the list of steps and the DOT text stay on the page.
     });
+  }
+
+  // A region the visitor is using is left alone until they are done with it: replacing it
+  // would take the keyboard focus away, or close what they opened.
+  function inUse(region) {
+    return region.contains(document.activeElement) || region.querySelector("details[open]");
   }
 
   function regions(doc) {
@@ -51,7 +59,7 @@
     const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
     regions(document).forEach(function (region) {
       const next = fresh.getElementById(region.id);
-      if (next && next.innerHTML !== region.innerHTML) {
+      if (next && next.innerHTML !== region.innerHTML && !inUse(region)) {
         region.innerHTML = next.innerHTML;
         region.dispatchEvent(new CustomEvent("console:updated", { bubbles: true }));
       }
