@@ -461,12 +461,58 @@ def recover(cluster: Cluster, directory: Path, count: int, restart: str) -> list
     ]
 
 
+# --- console ------------------------------------------------------------------------------
+
+
+def console(cluster: Cluster, directory: Path, count: int, requests: int) -> None:
+    """What a console page costs beside the API's listing of the same 50 runs, with ``count``
+    runs waiting, the requests interleaved; and the live view's revalidation (304)."""
+    print(f"console: {count} runs waiting; {requests} requests of each, interleaved (ms)")
+    dsn = cluster.create_database()
+    config = write_config(directory, dsn, ["timed-choice"], workers=2)
+    migrate(config)
+    Service(config, directory / "service.log").wait_listening(60).stop()  # stores the pin
+    put_to_sleep(dsn, count, timedelta(hours=1), timedelta(0))
+    with sync_connection(dsn) as conn:
+        conn.execute("VACUUM ANALYZE runs")
+    running = Service(config, directory / "service.log").wait_listening(60)
+    try:
+        wait_ready(running)
+        tag = running.http.get("/console/runs").headers["ETag"]
+        kinds = {
+            "API GET /v1/runs?limit=50": ("/v1/runs?limit=50", {}),
+            "console /console/runs (50 rows)": ("/console/runs", {}),
+            "console /console/runs, unchanged (304)": ("/console/runs", {"If-None-Match": tag}),
+            "console held work (none held)": ("/console/", {}),
+            "console search ?q= over every input": ("/console/runs?q=nobody", {}),
+        }
+        times: dict[str, list[float]] = {name: [] for name in kinds}
+        for _ in range(requests):
+            for name, (path, headers) in kinds.items():
+                started = time.perf_counter()
+                answer = running.http.get(path, headers=headers)
+                times[name].append(time.perf_counter() - started)
+                assert answer.status_code in (200, 304), (path, answer.status_code)
+        base = statistics.median(times["API GET /v1/runs?limit=50"])
+        print(f"  {'request':<42} {'p50':>8} {'p95':>8} {'x API':>6}")
+        for name, values in times.items():
+            q = quantiles(values)
+            ratio = statistics.median(values) / base
+            print(
+                f"  {name:<42} {q['p50'] * 1000:>8.1f} {q['p95'] * 1000:>8.1f} {ratio:>6.2f}",
+                flush=True,
+            )
+    finally:
+        running.stop()
+
+
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "throughput": lambda c, d, a: throughput(c, d, a.runs, a.workers, a.processes, a.rounds),
     "wake": lambda c, d, a: wake(c, d, a.waiting, a.rate),
     "timers": lambda c, d, a: timers(c, d, a.timers),
     "idle": lambda c, d, a: idle(c, d, a.idle, a.idle_seconds),
     "recovery": lambda c, d, a: recovery(c, d, a.recovery),
+    "console": lambda c, d, a: console(c, d, a.console_runs, a.console_requests),
 }
 
 
@@ -490,6 +536,8 @@ def main() -> None:
     parser.add_argument("--idle", type=int, nargs="+", default=[100, 100_000])
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--recovery", type=int, default=1000)
+    parser.add_argument("--console-runs", type=int, default=10_000)
+    parser.add_argument("--console-requests", type=int, default=100)
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
