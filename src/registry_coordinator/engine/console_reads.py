@@ -38,8 +38,8 @@ async def held_count(db: Database, caller: str | None, readable: frozenset[str] 
 
 
 async def run_detail(db: Database, run_id: uuid.UUID) -> Row | None:
-    """A run as :func:`store.status` gives it, with what a run's page shows besides: its
-    ``input``, ``start_key``, ``completed`` (step -> instant) and ``outputs``."""
+    """What a run's page shows besides its status (:func:`store.status`): its ``input``,
+    ``start_key``, ``completed`` (step -> instant) and ``outputs``."""
     return await db.row("console_run_detail", {"id": run_id})
 
 

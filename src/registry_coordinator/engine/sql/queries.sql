@@ -555,19 +555,8 @@ WHERE r.state = 'held' AND r.ended_at IS NULL
   AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]));
 
 -- name: console_run_detail
--- One run as its status shows it, with its input, start key, and steps' outputs and instants.
-SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
-       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
-       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
-       late.attempt AS late_attempt, late.late_status, late.late_at,
-       r.input, r.start_key, r.completed, r.outputs
-FROM runs r JOIN definitions d ON d.digest = r.digest
-LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
-    SELECT e.attempt, e.late_status, e.late_at FROM executions e
-    WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
-    ORDER BY e.attempt DESC LIMIT 1
-) late ON true
-WHERE r.id = %(id)s;
+-- What a run's page shows besides its status: its input, start key, steps' outputs and instants.
+SELECT input, start_key, completed, outputs FROM runs WHERE id = %(id)s;
 
 -- name: console_executions
 -- Every sending of a run's calls, in the order they were sealed: what was sent, what came back.
