@@ -16,7 +16,16 @@ import pytest
 
 from registry_coordinator.http.console.render import CSP
 from registry_coordinator.semantics.codes import RunState
-from tests.harness import HANG_ONCE, Service, Services, StandIns, events, held_notice, wait_state
+from tests.harness import (
+    CONSOLE_CLIENT,
+    HANG_ONCE,
+    Service,
+    Services,
+    StandIns,
+    events,
+    held_notice,
+    wait_state,
+)
 
 NOTIFY = {"notices": ("messaging", {"requestTimeout": "PT1S"})}
 
@@ -296,3 +305,56 @@ def test_the_confirmation_shows_the_exact_bytes_and_what_reconcile_would_find(
     assert "app-5" in retry.text.split("with exactly this body:")[1].split("</pre>")[0]
     assert [e["kind"] for e in events(dsn, run)][-1] == "held"  # nothing was done yet
     assert len(products.requests("breg", "POST", "/v1/actions")) == 1
+
+
+def _cookie(header: str) -> tuple[str, str, set[str]]:
+    """A Set-Cookie header's name, value and attributes (in lower case)."""
+    first, *attributes = [part.strip() for part in header.split(";")]
+    name, _, value = first.partition("=")
+    return name, value, {attribute.lower() for attribute in attributes}
+
+
+def test_served_over_https_the_cookies_are_secure_and_for_this_host_only(
+    dsn: str, services: Services
+) -> None:
+    public = "https://localhost:8443"  # a TLS proxy in front, as in production
+    service, _ = services.deploy(
+        ["notify"],
+        NOTIFY,
+        sign_in=True,
+        extra={"console": {"clientId": CONSOLE_CLIENT, "publicUrl": public}},
+    )
+    start = httpx.get(service.url + "/console/sign-in")
+    name, login, flags = _cookie(start.headers["set-cookie"])
+    assert name == "__Host-console-login"
+    assert {"secure", "httponly", "path=/", "samesite=lax"} <= flags
+    authorize = start.headers["Location"]
+    assert parse_qs(urlsplit(authorize).query)["redirect_uri"] == [public + "/console/callback"]
+    action, fields = Forms(httpx.get(authorize).text).form("Sign in as ada")
+    back = urlsplit(httpx.get(urljoin(authorize, action), params=fields).headers["Location"])
+    assert f"{back.scheme}://{back.netloc}" == public
+    callback = httpx.get(
+        f"{service.url}{back.path}?{back.query}", headers={"Cookie": f"{name}={login}"}
+    )
+    assert callback.status_code == 200, callback.text
+    sessions = [_cookie(h) for h in callback.headers.get_list("set-cookie")]
+    [(session_name, session, session_flags)] = [c for c in sessions if c[1]]
+    assert session_name == "__Host-console-session"
+    assert {"secure", "httponly", "path=/", "samesite=strict"} <= session_flags
+    cookie = {"Cookie": f"{session_name}={session}"}
+    page = httpx.get(service.url + "/console/", headers=cookie)
+    assert "Signed in as <strong>ada (registry-operators)</strong>" in page.text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None
+    plain = httpx.post(
+        service.url + "/console/sign-out",
+        data={"csrf": csrf[1]},
+        headers={**cookie, "Origin": service.url},  # not the origin browsers use
+    )
+    assert plain.status_code == 403
+    out = httpx.post(
+        service.url + "/console/sign-out",
+        data={"csrf": csrf[1]},
+        headers={**cookie, "Origin": public},
+    )
+    assert out.status_code == 200
