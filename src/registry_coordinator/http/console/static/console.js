@@ -29,9 +29,13 @@
   }
 
   // A region the visitor is using is left alone until they are done with it: replacing it
-  // would take the keyboard focus away, or close what they opened.
-  function inUse(region) {
-    return region.contains(document.activeElement) || region.querySelector("details[open]");
+  // would take the keyboard focus away, or close (or open) details they changed.
+  function inUse(region, next) {
+    const shown = next.querySelectorAll("details");
+    const changed = Array.from(region.querySelectorAll("details")).some(function (d, i) {
+      return d.open !== Boolean(shown[i] && shown[i].open);
+    });
+    return changed || region.contains(document.activeElement);
   }
 
   function regions(doc) {
@@ -59,7 +63,7 @@
     const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
     regions(document).forEach(function (region) {
       const next = fresh.getElementById(region.id);
-      if (next && next.innerHTML !== region.innerHTML && !inUse(region)) {
+      if (next && next.innerHTML !== region.innerHTML && !inUse(region, next)) {
         region.innerHTML = next.innerHTML;
         region.dispatchEvent(new CustomEvent("console:updated", { bubbles: true }));
       }
