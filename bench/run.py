@@ -506,6 +506,65 @@ def console(cluster: Cluster, directory: Path, count: int, requests: int) -> Non
         running.stop()
 
 
+# --- chain --------------------------------------------------------------------------------
+
+
+def chain(cluster: Cluster, directory: Path, count: int) -> None:
+    """What chaining costs an event: the same inserts with the trigger on and off (off as
+    under replication), interleaved; then how fast ``coordinator audit verify`` checks them."""
+    print(f"chain: {count} runs of 5 events, inserted in one statement each way, 3 rounds")
+    dsn = cluster.create_database()
+    config = write_config(directory, dsn, ["timed-choice"])
+    migrate(config)
+    Service(config, directory / "service.log").wait_listening(60).stop()  # stores the pin
+    insert = """
+        WITH made AS (
+            INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
+                              state, step, seq, admitted_at, deadline_at, updated_at)
+            SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', %(prefix)s || n, 'x',
+                   '{}', 'waiting', 'pause', 5, now(), now() + interval '1 hour', now()
+            FROM definitions d, generate_series(1, %(count)s) AS n
+            RETURNING id
+        )
+        INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail, hash)
+        SELECT id, e.seq, now(), 'note', 'pause', 'bench',
+               jsonb_build_object('n', e.seq, 'text', 'a detail of some length'), ''
+        FROM made, generate_series(1, 5) AS e (seq) ORDER BY id, e.seq
+    """
+    times: dict[str, list[float]] = {"chained": [], "unchained": []}
+    with sync_connection(dsn) as conn:
+        for round_ in range(3):
+            for side, role in (("chained", "origin"), ("unchained", "replica")):
+                conn.execute(f"SET session_replication_role = {role}")
+                started = time.perf_counter()
+                conn.execute(insert, {"count": count, "prefix": f"{side}-{round_}-"})
+                times[side].append(time.perf_counter() - started)
+        conn.execute("SET session_replication_role = replica")  # unchained rows: not history
+        conn.execute(
+            "DELETE FROM run_events WHERE run_id IN "
+            "(SELECT id FROM runs WHERE start_key LIKE 'unchained-%%')"
+        )
+        conn.execute("DELETE FROM runs WHERE start_key LIKE 'unchained-%%'")
+    events = count * 5
+    base = statistics.median(times["unchained"])
+    for side, values in times.items():
+        median = statistics.median(values)
+        print(
+            f"  {side:<10} median {median:.2f} s, {median / events * 1e6:.1f} us per event,"
+            f" {median / base:.2f}x"
+        )
+    started = time.perf_counter()
+    verified = subprocess.run(
+        [sys.executable, "-m", "registry_coordinator", "audit", "verify", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - started
+    print(f"  audit verify: {verified.stdout.strip() or verified.stderr.strip()[-200:]}")
+    print(f"  in {took:.1f} s with the command's start: {3 * events / took:,.0f} events/s")
+
+
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "throughput": lambda c, d, a: throughput(c, d, a.runs, a.workers, a.processes, a.rounds),
     "wake": lambda c, d, a: wake(c, d, a.waiting, a.rate),
@@ -513,6 +572,7 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "idle": lambda c, d, a: idle(c, d, a.idle, a.idle_seconds),
     "recovery": lambda c, d, a: recovery(c, d, a.recovery),
     "console": lambda c, d, a: console(c, d, a.console_runs, a.console_requests),
+    "chain": lambda c, d, a: chain(c, d, a.chain_runs),
 }
 
 
@@ -538,6 +598,7 @@ def main() -> None:
     parser.add_argument("--recovery", type=int, default=1000)
     parser.add_argument("--console-runs", type=int, default=10_000)
     parser.add_argument("--console-requests", type=int, default=100)
+    parser.add_argument("--chain-runs", type=int, default=10_000)
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -95,6 +96,17 @@ def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
 
     migrate = commands.add_parser("migrate", help="apply pending database schema migrations")
     migrate.add_argument("--config", type=Path, required=True, metavar="FILE")
+
+    audit = commands.add_parser("audit", help="check runs' histories against their hash chains")
+    checks = audit.add_subparsers(dest="audit", required=True, metavar="ACTION")
+    verify = checks.add_parser(
+        "verify", help="every run's history (or one run's) against its chain: exit 0 or 1"
+    )
+    verify.add_argument("--config", type=Path, required=True, metavar="FILE")
+    verify.add_argument("--run", type=uuid.UUID, metavar="ID", help="only this run")
+    verify.add_argument(
+        "--since", metavar="INSTANT", help="only runs changed since, e.g. 2026-12-01T00:00:00Z"
+    )
 
     stand_ins = commands.add_parser(
         "stand-ins", help="serve stand-in Registry Stack products (demo and tests only)"
@@ -216,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "graph": _graph,
         "serve": _serve,
         "migrate": _migrate,
+        "audit": _audit,
         "stand-ins": _stand_ins,
         "token": _token,
         "runs": remote.run,
@@ -431,6 +444,50 @@ def _migrate(args: argparse.Namespace) -> int:
                 print("the schema is current")
 
     return _run_service(run)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    """``audit verify``: one line for each history whose chain does not hold (exit 1), or
+    the counts of what was checked (exit 0)."""
+    import trio_asyncio
+
+    from registry_coordinator.authoring.expressions import parse_instant
+    from registry_coordinator.engine import audit
+    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.service import open_database
+
+    since = None
+    if args.since is not None:
+        try:
+            since = parse_instant(args.since)
+        except ValueError:
+            print(
+                f"coordinator audit verify: --since {args.since!r} is not an RFC 3339 instant, "
+                "e.g. 2026-12-01T00:00:00Z",
+                file=sys.stderr,
+            )
+            return ExitCode.USAGE
+    _logging()
+    config = load_config(args.config)
+    found: list[audit.Verified] = []
+
+    async def run() -> None:
+        async with trio_asyncio.open_loop(), open_database(config, "coordinator/audit") as db:
+            found.append(await audit.verify(db, args.run, since))
+
+    _run_service(run)
+    [verified] = found
+    for broken in verified.breaks:
+        print(f"run {broken.run}: event {broken.seq}: {broken.why}")
+    what = f"{verified.runs} runs, {verified.events} events"
+    if verified.breaks:
+        print(f"{len(verified.breaks)} of {what}: the history does not hold", file=sys.stderr)
+        return ExitCode.INVALID
+    if args.run is not None and verified.runs == 0:
+        print(f"coordinator audit verify: no run {args.run}", file=sys.stderr)
+        return ExitCode.INVALID
+    print(f"verified {what}: every history holds its chain")
+    return ExitCode.OK
 
 
 def _token(args: argparse.Namespace) -> int:

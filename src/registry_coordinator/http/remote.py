@@ -196,6 +196,8 @@ def describe_status(run: JSON) -> str:
     lines.append(f"  admitted  {run['admittedAt']}, deadline {run['deadlineAt']}")
     if run.get("endedAt"):
         lines.append(f"  ended     {run['endedAt']}")
+    if run.get("head"):
+        lines.append(f"  head      {run['head']} (its history's hash chain)")
     return "\n".join(lines)
 
 

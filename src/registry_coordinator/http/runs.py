@@ -52,6 +52,7 @@ def run_status(row: Row) -> JSON:
         "deadlineAt": instant(row["deadline_at"]),
         "updatedAt": instant(row["updated_at"]),
         "endedAt": instant(row["ended_at"]),
+        "head": row["head"],
     }
 
 
@@ -187,6 +188,7 @@ async def history(context: Context, run_id: str) -> Response:
                     "step": e["step"],
                     "actor": e["actor"],
                     "detail": e["detail"],
+                    "hash": e["hash"],
                 }
                 for e in events
             ],

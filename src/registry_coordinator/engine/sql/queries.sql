@@ -79,8 +79,10 @@ SELECT id, start_digest FROM runs WHERE caller = %(caller)s AND start_key = %(st
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
-       late.attempt AS late_attempt, late.late_status, late.late_at
+       late.attempt AS late_attempt, late.late_status, late.late_at,
+       encode(head.hash, 'hex') AS head
 FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN run_events head ON head.run_id = r.id AND head.seq = r.seq  -- the chain's head
 LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
     SELECT e.attempt, e.late_status, e.late_at FROM executions e
     WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
@@ -89,8 +91,9 @@ LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its cla
 WHERE r.id = %(id)s;
 
 -- name: run_history
--- A run's history events, in order.
-SELECT seq, at, kind, step, actor, detail FROM run_events WHERE run_id = %(id)s ORDER BY seq;
+-- A run's history events, in order, each with its hash in the run's chain.
+SELECT seq, at, kind, step, actor, detail, encode(hash, 'hex') AS hash
+FROM run_events WHERE run_id = %(id)s ORDER BY seq;
 
 -- name: claim_run
 -- Claim the earliest due run that nobody holds.
@@ -205,6 +208,7 @@ SELECT m.id, m.seq - cardinality(%(kinds)s::text[]) + e.n, m.at, e.kind, e.step,
 FROM moved m,
      unnest(%(kinds)s::text[], %(event_steps)s::text[], %(events)s::jsonb[])
          WITH ORDINALITY AS e (kind, step, detail, n)
+ORDER BY e.n  -- in seq order: each event is chained to the one before it (schema 9)
 RETURNING seq;
 
 -- name: unmoved
@@ -488,8 +492,10 @@ ORDER BY attempt DESC LIMIT 1;
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
-       late.attempt AS late_attempt, late.late_status, late.late_at
+       late.attempt AS late_attempt, late.late_status, late.late_at,
+       encode(head.hash, 'hex') AS head
 FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN run_events head ON head.run_id = r.id AND head.seq = r.seq  -- the chain's head
 LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its claim was lost
     SELECT e.attempt, e.late_status, e.late_at FROM executions e
     WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
@@ -527,8 +533,9 @@ SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.se
        late.attempt AS late_attempt, late.late_status, late.late_at,
        sent.attempt AS exec_attempt, sent.method, sent.url, sent.idempotency_key,
        sent.sealed_at, sent.dispatched_at, sent.settled_at, sent.status AS exec_status,
-       sent.outcome AS exec_outcome, sent.response
+       sent.outcome AS exec_outcome, sent.response, encode(head.hash, 'hex') AS head
 FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN run_events head ON head.run_id = r.id AND head.seq = r.seq  -- the chain's head
 LEFT JOIN LATERAL (  -- the call's latest answer that came back after its claim was lost
     SELECT e.attempt, e.late_status, e.late_at FROM executions e
     WHERE e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
@@ -610,3 +617,18 @@ WHERE session_hash = %(session_hash)s AND expires_at > now();
 -- name: console_close_session
 -- End a console session (signing out).
 DELETE FROM console_sessions WHERE session_hash = %(session_hash)s;
+
+-- name: audit_runs
+-- A batch of runs whose histories to verify, in id order after %(after)s, with their last seq.
+SELECT id, seq FROM runs
+WHERE id > %(after)s AND (%(run)s::uuid IS NULL OR id = %(run)s)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: audit_events
+-- The history events of some runs, in order, as the hash chain covers them.
+SELECT run_id::text AS run, seq, rfc3339(at) AS at, kind, step, actor, detail::text AS detail,
+       hash
+FROM run_events WHERE run_id = ANY (%(runs)s::uuid[])
+ORDER BY run_id, seq;

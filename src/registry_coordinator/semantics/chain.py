@@ -1,0 +1,115 @@
+"""A run's history as a hash chain, computed without the database.
+
+Each event's hash is SHA-256 over the canonical JSON of the event and the hash of the one
+before it (schema 9, ``sql/migrations/0009_chain.sql``, writes the same bytes in
+PostgreSQL as each event is inserted). So whoever holds a history — the database, or an
+export of it — can check that no event was changed, removed, added or moved since it was
+written: :func:`first_break` names the first event where the chain does not hold.
+
+The canonical form is fixed by what both sides can write exactly: keys sorted by code
+point, no whitespace, strings escaped only where JSON requires (UTF-8 otherwise), and
+numbers as plain decimals without trailing zeros (``1.50`` and ``1.5`` are one number, as
+in jsonb). Numbers are read as :class:`~decimal.Decimal`, never as floats, so no digit
+is lost on the way: use :func:`parse` for JSON text that holds an event's detail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+
+def parse(text: str | bytes) -> Any:
+    """JSON text as the chain reads it: every number a Decimal."""
+    return json.loads(text, parse_float=Decimal, parse_int=Decimal)
+
+
+def _number(value: Decimal | int) -> str:
+    """A number in plain decimal, every digit kept, no trailing zeros (jsonb's trim_scale):
+    ``format`` is exact, where ``Decimal.normalize`` would round to the context's precision."""
+    number = Decimal(value)
+    if number == 0:
+        return "0"
+    text = format(number, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def canonical(value: Any) -> str:
+    """The canonical JSON text of ``value`` (as :func:`parse` gives it)."""
+    if isinstance(value, dict):
+        items = sorted(value.items())
+        return "{" + ",".join(f"{canonical(k)}:{canonical(v)}" for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(canonical(item) for item in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, Decimal | int):
+        return _number(value)
+    raise TypeError(f"{type(value).__name__} has no place in an event's canonical JSON")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One history event as the chain covers it; ``at`` as RFC 3339 text."""
+
+    run: str
+    seq: int
+    at: str
+    kind: str
+    step: str
+    actor: str
+    detail: Any
+    hash: bytes  # as recorded
+
+
+def event_hash(previous: bytes | None, event: Event) -> bytes:
+    """The hash ``event`` must carry after an event whose hash is ``previous``."""
+    body = {
+        "prev": previous.hex() if previous is not None else None,
+        "run": event.run,
+        "seq": event.seq,
+        "at": event.at,
+        "type": event.kind,
+        "step": event.step,
+        "actor": event.actor,
+        "detail": event.detail,
+    }
+    return hashlib.sha256(canonical(body).encode("utf-8")).digest()
+
+
+@dataclass(frozen=True)
+class Break:
+    """Where a run's chain does not hold, and how."""
+
+    run: str
+    seq: int  # the first event that is not what the chain says (or where one is missing)
+    why: str
+
+
+def first_break(run: str, events: Iterable[Event], last: int) -> Break | None:
+    """The first place where run ``run``'s events, in the order given, are not the chain
+    they were written as — an event changed, missing, added or out of order — given that
+    its latest event is number ``last``; None when the chain holds."""
+    previous: bytes | None = None
+    expected = 1
+    for event in events:
+        if event.run != run or event.seq != expected:
+            why = "missing" if event.seq > expected else "out of order, repeated or another's"
+            return Break(run, expected, f"event {expected} is {why}")
+        if event_hash(previous, event) != event.hash:
+            return Break(run, event.seq, "its hash does not match what it holds")
+        previous, expected = event.hash, expected + 1
+    if expected != last + 1:
+        seq = min(expected, last + 1)
+        return Break(run, seq, f"the history ends at event {expected - 1}, not {last}")
+    return None
