@@ -9,15 +9,21 @@
 -- checked without the database. The hash is written by the statement that writes the
 -- event (a trigger): no statement of the engine changes, and none takes a round trip more.
 
--- The canonical JSON text of a jsonb value, as semantics/chain.py writes it.
+-- The canonical JSON text of a jsonb value, as semantics/chain.py writes it. Scalars are
+-- written where they stand, so that a call is made only for what nests.
 CREATE FUNCTION canonical_json(value jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 BEGIN
     CASE jsonb_typeof(value)
     WHEN 'object' THEN
         RETURN '{' || coalesce((
-            SELECT string_agg(to_json(key)::text || ':' || canonical_json(item), ','
-                              ORDER BY key COLLATE "C")
+            SELECT string_agg(to_json(key)::text || ':' || CASE jsonb_typeof(item)
+                    WHEN 'string' THEN to_json(item #>> '{}')::text
+                    WHEN 'number' THEN trim_scale((item #>> '{}')::numeric)::text
+                    WHEN 'object' THEN canonical_json(item)
+                    WHEN 'array' THEN canonical_json(item)
+                    ELSE item::text END,
+                ',' ORDER BY key COLLATE "C")
             FROM jsonb_each(value) AS e (key, item)), '') || '}';
     WHEN 'array' THEN
         RETURN '[' || coalesce((
@@ -39,9 +45,14 @@ CREATE FUNCTION event_hash(
     detail jsonb
 ) RETURNS bytea
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT sha256(convert_to(canonical_json(jsonb_build_object(
-        'prev', encode(prev, 'hex'), 'run', run::text, 'seq', seq, 'at', rfc3339(at),
-        'type', kind, 'step', step, 'actor', actor, 'detail', detail)), 'UTF8'));
+    -- canonical_json of {actor, at, detail, prev, run, seq, step, type}, its keys in order
+    SELECT sha256(convert_to(
+        '{"actor":' || to_json(actor)::text || ',"at":' || to_json(rfc3339(at))::text
+        || ',"detail":' || canonical_json(detail)
+        || ',"prev":' || coalesce(to_json(encode(prev, 'hex'))::text, 'null')
+        || ',"run":"' || run::text || '","seq":' || seq::text
+        || ',"step":' || to_json(step)::text || ',"type":' || to_json(kind)::text || '}',
+        'UTF8'));
 $$;
 
 ALTER TABLE run_events ADD COLUMN hash bytea;
