@@ -29,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import h11
 import httpx
 import pytest
 import trio_asyncio
@@ -770,6 +771,21 @@ def held_notice(dsn: str, services: Services) -> tuple[Service, StandIns, str, s
     run = str(started.json()["id"])
     wait_state(dsn, run, RunState.HELD)
     return service, products, run, token
+
+
+def h11_answer(sock: socket.socket, client: h11.Connection) -> int:
+    """The status of the next whole response on ``sock``, read with h11 (for tests that
+    write a request's parts apart, as clients under load do)."""
+    status = None
+    while True:
+        event = client.next_event()
+        if event is h11.NEED_DATA:
+            client.receive_data(sock.recv(65536))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.EndOfMessage):
+            assert status is not None
+            return status
 
 
 def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER
-from tests.harness import Service, Services, coordinator
+from tests.harness import Service, Services, coordinator, h11_answer
 
 KEYS: dict[str, tuple[str, Any]] = {
     "ed": ("EdDSA", Ed25519PrivateKey.generate()),
@@ -245,20 +245,6 @@ def test_callers_see_their_own_runs_and_operators_see_all(service: Service) -> N
     )
 
 
-def answer(sock: socket.socket, client: h11.Connection) -> int:
-    """The status of the next whole response on ``sock``."""
-    status = None
-    while True:
-        event = client.next_event()
-        if event is h11.NEED_DATA:
-            client.receive_data(sock.recv(65536))
-        elif isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.EndOfMessage):
-            assert status is not None
-            return status
-
-
 def test_a_refusal_sent_before_the_body_arrived_leaves_the_connection_usable(
     service: Service,
 ) -> None:
@@ -280,11 +266,11 @@ def test_a_refusal_sent_before_the_body_arrived_leaves_the_connection_usable(
             sock.sendall(client.send(h11.Request(method="POST", target=path, headers=headers)))
             time.sleep(0.2)  # the server has all it needs to refuse
             sock.sendall(client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage()))
-            assert answer(sock, client) == status, path
+            assert h11_answer(sock, client) == status, path
             client.start_next_cycle()
             request = h11.Request(method="GET", target="/health", headers=[("Host", "test")])
             sock.sendall(client.send(request) + client.send(h11.EndOfMessage()))
-            assert answer(sock, client) == 200, path
+            assert h11_answer(sock, client) == 200, path
 
 
 def test_run_listing_pages_with_a_cursor_and_filters(service: Service) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,13 +21,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
+import h11
 import httpx
 import jwt
 import pytest
 
 from registry_coordinator.devtools.issuer import s256
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path
-from tests.harness import Services, coordinator, coordinator_process, free_port
+from tests.harness import Services, coordinator, coordinator_process, free_port, h11_answer
 
 CLIENT = "coordinator-console"
 REDIRECT = "http://127.0.0.1:8123/console/signed-in?from=held"
@@ -476,3 +479,24 @@ def test_a_coordinator_accepts_the_access_tokens_and_its_policies_apply(
     assert call("/v1/admission/release", tokens["ada"]["access_token"], **hold).status_code == 200
     wrong = call("/v1/runs", tokens["ada"]["id_token"])  # for the console, not for the API
     assert (wrong.status_code, wrong.json()["code"]) == (401, "auth.wrong-audience")
+
+
+def test_a_token_request_refused_before_its_body_arrived_leaves_the_connection_usable(
+    issuer: Issuer,
+) -> None:
+    """Clients write headers and body apart; a refusal sent in between (here: a JSON body)
+    must not leave the connection unable to carry the next request (it timed out once)."""
+    host, port = urlsplit(issuer.url).netloc.split(":")
+    body = b'{"grant_type": "authorization_code"}'
+    client = h11.Connection(h11.CLIENT)
+    headers = [("Host", "test"), ("Content-Type", "application/json")]
+    headers.append(("Content-Length", str(len(body))))
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(client.send(h11.Request(method="POST", target="/token", headers=headers)))
+        time.sleep(0.2)  # the issuer has all it needs to refuse
+        sock.sendall(client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage()))
+        assert h11_answer(sock, client) == 400
+        client.start_next_cycle()
+        request = h11.Request(method="GET", target="/jwks", headers=[("Host", "test")])
+        sock.sendall(client.send(request) + client.send(h11.EndOfMessage()))
+        assert h11_answer(sock, client) == 200

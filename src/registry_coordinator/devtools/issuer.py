@@ -59,6 +59,7 @@ from quart_trio import QuartTrio
 
 from registry_coordinator.devtools.standins import serve_app
 from registry_coordinator.http.auth import development_key, jwks_path
+from registry_coordinator.http.requests import read_whole_body
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +266,7 @@ class Issuer:
     def _build(self) -> QuartTrio:
         app = QuartTrio("standin-issuer")
         app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+        app.before_request(read_whole_body)  # a refused token request keeps its connection
 
         @app.route("/.well-known/openid-configuration", methods=["GET"])
         async def discovery() -> Response:

@@ -25,7 +25,7 @@ from registry_coordinator.http import admission, deliveries, probes, runs
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.http.requests import RETRY_AFTER, problem
+from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body
 from registry_coordinator.http.routing import Handler, Route, bound, route
 
 __all__ = ["FALLBACKS", "ROUTES", "Context", "Handler", "Route", "create_app", "route"]
@@ -64,7 +64,7 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     _add(app, (*ROUTES, *FALLBACKS), bound, context)
     _add(app, console.ROUTES, console.bound, context)  # pages for people: refusals as pages
-    app.before_request(_read_the_body)
+    app.before_request(read_whole_body)
     app.register_error_handler(Problem, _refused)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Unavailable, _database_unavailable)
@@ -81,13 +81,6 @@ def _add(
         for method, handler in each.methods.items():
             view = bind(handler, context)
             app.add_url_rule(each.path, f"{method} {each.path}", view, methods=[method])
-
-
-async def _read_the_body() -> None:
-    """Read the whole body before answering, even with a refusal: an answer sent while
-    the client is still sending the body leaves the connection unable to carry the
-    client's next request (hypercorn never reads it, and the client waits)."""
-    await request.get_data(as_text=False)
 
 
 async def _refused(error: Problem) -> Response:

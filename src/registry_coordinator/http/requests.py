@@ -131,3 +131,10 @@ def cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
 def next_cursor(row: Row) -> str:
     raw = json.dumps([format_instant(row["admitted_at"]), str(row["id"])]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+async def read_whole_body() -> None:
+    """Read the whole body before answering, even with a refusal: an answer sent while
+    the client is still sending the body leaves the connection unable to carry the
+    client's next request (hypercorn never reads it, and the client waits)."""
+    await request.get_data(as_text=False)
