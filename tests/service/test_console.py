@@ -8,7 +8,6 @@ tests/browser; here each answer's status, headers and cookies are read exactly.
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import httpx
@@ -19,6 +18,7 @@ from registry_coordinator.semantics.codes import RunState
 from tests.harness import (
     CONSOLE_CLIENT,
     HANG_ONCE,
+    Forms,
     Service,
     Services,
     StandIns,
@@ -30,33 +30,10 @@ from tests.harness import (
 NOTIFY = {"notices": ("messaging", {"requestTimeout": "PT1S"})}
 
 
-class Forms(HTMLParser):
-    """The forms of a page: each one's action and its fields' values."""
-
-    def __init__(self, page: str) -> None:
-        super().__init__()
-        self.forms: list[tuple[str, dict[str, str], list[str]]] = []
-        self.feed(page)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        named = {k: v or "" for k, v in attrs}
-        if tag == "form":
-            self.forms.append((named.get("action", ""), {}, []))
-        elif tag == "input" and self.forms and "name" in named:
-            self.forms[-1][1][named["name"]] = named.get("value", "")
-        elif tag == "button" and self.forms:
-            self.forms[-1][2].append(named.get("value", ""))
-
-    def handle_data(self, data: str) -> None:
-        if self.forms and data.strip():
-            self.forms[-1][2].append(data.strip())
-
-    def form(self, label: str) -> tuple[str, dict[str, str]]:
-        """The form whose button says ``label``."""
-        for action, fields, texts in self.forms:
-            if label in texts:
-                return action, fields
-        raise AssertionError(f"no form with a button {label!r} among {self.forms}")
+def _form(page: str, button: str) -> tuple[str, dict[str, str]]:
+    """Where the page's form with ``button`` goes, and a copy of its fields to fill in."""
+    form = Forms(page).by_button(button)
+    return form.action, dict(form.fields)
 
 
 def sign_in(service: Service, person: str) -> httpx.Client:
@@ -75,7 +52,7 @@ def sign_in(service: Service, person: str) -> httpx.Client:
     assert query["code_challenge_method"] == ["S256"]
     assert query["redirect_uri"] == [service.url + "/console/callback"]
     page = httpx.get(authorize, timeout=10)
-    action, fields = Forms(page.text).form(f"Sign in as {person}")
+    action, fields = _form(page.text, f"Sign in as {person}")
     approved = httpx.get(urljoin(authorize, action), params=fields, timeout=10)
     assert approved.status_code == 303, approved.text
     callback = browser.get(approved.headers["Location"])
@@ -108,7 +85,7 @@ def test_an_operator_signs_in_and_reconciles_with_a_reason(
     assert f'id="held-{run}"' in landing.text
     assert "Nobody knows whether the product acted" in landing.text
     ask = browser.get(f"/console/runs/{run}/reconcile")
-    _, fields = Forms(ask.text).form("Review…")
+    _, fields = _form(ask.text, "Review…")
     refused = browser.post(f"/console/runs/{run}/reconcile/review", data=fields)
     assert refused.status_code == 400
     assert "give a reason" in refused.text
@@ -116,7 +93,7 @@ def test_an_operator_signs_in_and_reconciles_with_a_reason(
     review = browser.post(f"/console/runs/{run}/reconcile/review", data=fields)
     assert review.status_code == 200
     assert "confirms the request: reconciling completes the step" in review.text
-    action, confirm = Forms(review.text).form("Reconcile with the product now")
+    action, confirm = _form(review.text, "Reconcile with the product now")
     assert confirm["reason"] == fields["reason"]
     moved = browser.post(action, data={**confirm, "seq": str(int(confirm["seq"]) - 1)})
     assert moved.status_code == 409  # what was confirmed is not how the run stands now
@@ -140,7 +117,7 @@ def test_a_form_without_its_token_or_from_elsewhere_changes_nothing(
 ) -> None:
     service, _, run = held
     browser = sign_in(service, "ada")
-    _, fields = Forms(browser.get(f"/console/runs/{run}/cancel").text).form("Review…")
+    _, fields = _form(browser.get(f"/console/runs/{run}/cancel").text, "Review…")
     fields["reason"] = "forged"
     target = f"/console/runs/{run}/cancel"
     without = browser.post(target, data={"reason": "forged"})
@@ -185,7 +162,7 @@ def test_a_sign_in_is_used_once_and_sign_out_ends_the_session(
     browser = httpx.Client(base_url=service.url, timeout=30)
     start = browser.get("/console/sign-in")
     authorize = start.headers["Location"]
-    action, fields = Forms(httpx.get(authorize).text).form("Sign in as ada")
+    action, fields = _form(httpx.get(authorize).text, "Sign in as ada")
     callback = httpx.get(urljoin(authorize, action), params=fields).headers["Location"]
     forged = browser.get(re.sub(r"state=[^&]+", "state=not-it", callback))
     assert forged.status_code == 400
@@ -289,7 +266,7 @@ def test_the_confirmation_shows_the_exact_bytes_and_what_reconcile_would_find(
     wait_state(dsn, run, RunState.HELD)
     origin = {"Origin": service.url}
     page = service.http.get(f"/console/runs/{run}/reconcile")
-    _, fields = Forms(page.text).form("Review…")
+    _, fields = _form(page.text, "Review…")
     fields["reason"] = "is it there?"
     nothing = service.http.post(
         f"/console/runs/{run}/reconcile/review", data=fields, headers=origin
@@ -330,7 +307,7 @@ def test_served_over_https_the_cookies_are_secure_and_for_this_host_only(
     assert {"secure", "httponly", "path=/", "samesite=lax"} <= flags
     authorize = start.headers["Location"]
     assert parse_qs(urlsplit(authorize).query)["redirect_uri"] == [public + "/console/callback"]
-    action, fields = Forms(httpx.get(authorize).text).form("Sign in as ada")
+    action, fields = _form(httpx.get(authorize).text, "Sign in as ada")
     back = urlsplit(httpx.get(urljoin(authorize, action), params=fields).headers["Location"])
     assert f"{back.scheme}://{back.netloc}" == public
     callback = httpx.get(

@@ -15,8 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from html.parser import HTMLParser
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -28,7 +27,14 @@ import pytest
 
 from registry_coordinator.devtools.issuer import s256
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path
-from tests.harness import Services, coordinator, coordinator_process, free_port, h11_answer
+from tests.harness import (
+    Forms,
+    Services,
+    coordinator,
+    coordinator_process,
+    free_port,
+    h11_answer,
+)
 
 CLIENT = "coordinator-console"
 REDIRECT = "http://127.0.0.1:8123/console/signed-in?from=held"
@@ -87,46 +93,6 @@ def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Issuer]:
 
 
 # --- a browser and a console ----------------------------------------------------------------
-
-
-@dataclass
-class Form:
-    action: str
-    method: str
-    fields: dict[str, str] = field(default_factory=dict)
-    button: str = ""
-
-
-class Forms(HTMLParser):
-    """The forms of a page: where each goes, its fields, its button's text; and whether
-    the page has any script."""
-
-    def __init__(self, page: str) -> None:
-        super().__init__()
-        self.forms: list[Form] = []
-        self.scripts = 0
-        self._in_button = False
-        self.feed(page)
-        self.close()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        attributes = {name: value or "" for name, value in attrs}
-        if tag == "script" or any(name.startswith("on") for name in attributes):
-            self.scripts += 1
-        if tag == "form":
-            self.forms.append(Form(attributes["action"], attributes["method"]))
-        elif tag == "input":
-            self.forms[-1].fields[attributes["name"]] = attributes["value"]
-        elif tag == "button":
-            self._in_button = True
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "button":
-            self._in_button = False
-
-    def handle_data(self, data: str) -> None:
-        if self._in_button:
-            self.forms[-1].button += data
 
 
 def request(challenge: str, **changes: str | None) -> dict[str, str]:

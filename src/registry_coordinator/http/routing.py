@@ -2,7 +2,7 @@
 
 A handler is a function of the shared :class:`Context` and the route's path parameters;
 :func:`bound` makes it the view Quart calls. The API's table (``api.ROUTES``) and the
-console's (``console.ROUTES``) are both lists of :class:`Route`.
+console's (``console.routes.ROUTES``) are both lists of :class:`Route`.
 """
 
 from __future__ import annotations

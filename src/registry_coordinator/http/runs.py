@@ -136,6 +136,12 @@ def _state(text: str | None) -> RunState | None:
         ) from None
 
 
+def visible_to(who: Caller) -> tuple[str | None, frozenset[str] | None]:
+    """Whose runs ``who`` may read (None: everyone's), of which workflows (None: all): an
+    operator every run, a client its own of the workflows its policies let it read."""
+    return (None if who.operator else who.client), who.workflows_for("read")
+
+
 async def listing(context: Context) -> Response:
     """A page of the runs the caller may read, newest first, with the cursor of the next."""
     who = await authenticated(context)
@@ -150,11 +156,12 @@ async def listing(context: Context) -> Response:
         limit = 0
     if not 1 <= limit <= 100:
         raise Problem(400, "request.invalid-filter", "limit must be a number from 1 to 100")
+    caller, readable = visible_to(who)
     rows = await store.runs_page(
         context.db,
         store.RunFilter(
-            caller=None if who.operator else who.client,
-            readable=who.workflows_for("read"),
+            caller=caller,
+            readable=readable,
             state=state,
             workflow=workflow,
         ),

@@ -47,14 +47,20 @@ def _known(action: str) -> wording.ActionWords:
     return wording.ACTIONS[action]
 
 
-async def _subject(
-    context: Context, who: Visitor, run_id: str, action: str
-) -> tuple[Row, Sent | None]:
-    """The run the action is for, refused as the API refuses, and its step's sealed request."""
+async def _run(context: Context, who: Visitor, run_id: str, action: str) -> Row:
+    """The run the action is for, refused as the API refuses: an operator first, if the
+    action needs one, then a run the visitor may take it on."""
     words = runs.ACTIONS[action]
     if words.operator:
         who.caller.require_operator()
-    row = await runs.visible_run(context, who.caller, run_id, words.permission)
+    return await runs.visible_run(context, who.caller, run_id, words.permission)
+
+
+async def _subject(
+    context: Context, who: Visitor, run_id: str, action: str
+) -> tuple[Row, Sent | None]:
+    """The run the action is for (:func:`_run`) and its step's latest sealed request."""
+    row = await _run(context, who, run_id, action)
     executions = await console_reads.executions(context.db, row["id"])
     sent = [Sent.of_execution(e) for e in executions if e["step"] == row["step"]]
     return row, sent[-1] if sent else None
@@ -141,7 +147,7 @@ async def _unchanged(
 ) -> None:
     """Refuse to act on a run that moved since the operator confirmed what would be done:
     what they saw (the request to resend, the evidence) may no longer be what happens."""
-    row, _ = await _subject(context, who, run_id, action)
+    row = await _run(context, who, run_id, action)
     if reviewed != str(row["seq"]):
         raise Problem(
             409,

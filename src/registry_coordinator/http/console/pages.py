@@ -42,9 +42,8 @@ ANSWER_PREVIEW = 600
 
 def _visibility(who: Visitor) -> tuple[str | None, frozenset[str] | None]:
     """Whose runs, of which workflows, the visitor may read (None: no limit)."""
-    caller = who.caller
-    caller.require("read")
-    return (None if caller.operator else caller.client), caller.workflows_for("read")
+    who.caller.require("read")
+    return runs.visible_to(who.caller)
 
 
 async def page(
