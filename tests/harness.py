@@ -35,6 +35,8 @@ import h11
 import httpx
 import pytest
 import trio_asyncio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
@@ -789,6 +791,28 @@ def signed_in(issuer_port: int, key: Path) -> dict[str, Any]:
         },
         "console": {"clientId": CONSOLE_CLIENT},
     }
+
+
+def signing(directory: Path, every: str = "PT1S") -> dict[str, Any]:
+    """The configuration's ``audit`` section, with a new Ed25519 signing key written to
+    ``directory`` (``audit-key.pem``, and its public half ``audit-key.pub``), checkpoints
+    made every ``every``."""
+    key = Ed25519PrivateKey.generate()
+    directory.mkdir(parents=True, exist_ok=True)
+    private = directory / "audit-key.pem"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    (directory / "audit-key.pub").write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return {"audit": {"signingKey": f"file:{private}", "checkpointEvery": every}}
 
 
 def issuer_token(services: Services, service: Service, client: str, scopes: list[str]) -> str:

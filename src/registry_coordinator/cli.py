@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _authoring_commands(commands)
     _service_commands(commands)
+    _audit_commands(commands)
     remote.add_arguments(commands)
     _tutorial_commands(commands)
     return parser
@@ -89,6 +90,49 @@ def _authoring_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     graph.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
 
 
+def _audit_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
+    """Histories against their chains and signed checkpoints; bundles for auditors."""
+    audit = commands.add_parser(
+        "audit", help="verify runs' histories; export a run's bundle; sign checkpoints"
+    )
+    actions = audit.add_subparsers(dest="audit", required=True, metavar="ACTION")
+    verify = actions.add_parser(
+        "verify",
+        help="every history in the database (or one run's), or a bundle offline: exit 0 or 1",
+    )
+    verify.add_argument("--config", type=Path, metavar="FILE", help="the service's configuration")
+    verify.add_argument("--run", type=uuid.UUID, metavar="ID", help="only this run")
+    verify.add_argument(
+        "--since", metavar="INSTANT", help="only runs changed since, e.g. 2026-12-01T00:00:00Z"
+    )
+    verify.add_argument(
+        "--bundle", type=Path, metavar="FILE", help="check this bundle offline (no --config)"
+    )
+    verify.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="FILE",
+        help="the checkpoints' Ed25519 public key, PEM (default: the configured key's)",
+    )
+    verify.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="FILE",
+        help="a checkpoint kept elsewhere (audit checkpoint --out) the database must hold",
+    )
+    export = actions.add_parser("export", help="write one run's bundle, checkable offline")
+    export.add_argument("--config", type=Path, required=True, metavar="FILE")
+    export.add_argument("--run", type=uuid.UUID, required=True, metavar="ID")
+    export.add_argument("--out", type=Path, required=True, metavar="FILE")
+    kept = actions.add_parser(
+        "checkpoint", help="sign the heads that changed now; write the latest checkpoint"
+    )
+    kept.add_argument("--config", type=Path, required=True, metavar="FILE")
+    kept.add_argument("--out", type=Path, metavar="FILE", help="write it here to keep elsewhere")
+    key = actions.add_parser("public-key", help="print the checkpoints' public key (PEM)")
+    key.add_argument("--config", type=Path, required=True, metavar="FILE")
+
+
 def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     """Running the service, and the stand-in products and tokens to try it with."""
     serve = commands.add_parser("serve", help="run the service")
@@ -96,17 +140,6 @@ def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
 
     migrate = commands.add_parser("migrate", help="apply pending database schema migrations")
     migrate.add_argument("--config", type=Path, required=True, metavar="FILE")
-
-    audit = commands.add_parser("audit", help="check runs' histories against their hash chains")
-    checks = audit.add_subparsers(dest="audit", required=True, metavar="ACTION")
-    verify = checks.add_parser(
-        "verify", help="every run's history (or one run's) against its chain: exit 0 or 1"
-    )
-    verify.add_argument("--config", type=Path, required=True, metavar="FILE")
-    verify.add_argument("--run", type=uuid.UUID, metavar="ID", help="only this run")
-    verify.add_argument(
-        "--since", metavar="INSTANT", help="only runs changed since, e.g. 2026-12-01T00:00:00Z"
-    )
 
     stand_ins = commands.add_parser(
         "stand-ins", help="serve stand-in Registry Stack products (demo and tests only)"
@@ -447,46 +480,228 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    """``audit verify``: one line for each history whose chain does not hold (exit 1), or
-    the counts of what was checked (exit 0)."""
+    actions = {
+        "verify": _audit_verify,
+        "export": _audit_export,
+        "checkpoint": _audit_checkpoint,
+        "public-key": _audit_public_key,
+    }
+    return actions[args.audit](args)
+
+
+class _AuditUsage(CoordinatorError):
+    """``coordinator audit`` was given what it cannot use."""
+
+    exit_code = ExitCode.USAGE
+
+
+def _audit_database(config: Any, work: Callable[[Any], Awaitable[None]]) -> None:
+    """Run ``work`` with the configured database, as the audit commands' one step online."""
     import trio_asyncio
 
+    from registry_coordinator.service import open_database
+
+    async def run() -> None:
+        async with trio_asyncio.open_loop(), open_database(config, "coordinator/audit") as db:
+            await work(db)
+
+    _logging()
+    _run_service(run)
+
+
+def _audit_key(config: Any, action: str) -> Any:
+    key = config.audit.signing_key
+    if key is None:
+        raise _AuditUsage(
+            f"audit {action} needs the checkpoints' signing key, and the configuration has no "
+            "audit signingKey: give audit: {signingKey: file:/path/to/audit-key.pem}"
+        )
+    return key
+
+
+def _public_key_file(path: Path) -> Any:
+    from registry_coordinator.semantics.checkpoints import UnusableKey, public_key
+
+    try:
+        return public_key(path.read_bytes())
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read the public key {path}: {exc.strerror}") from None
+    except UnusableKey as exc:
+        raise _AuditUsage(f"the public key {path} cannot be used: {exc}") from None
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    """One line for each history or checkpoint that does not hold (exit 1), or the
+    counts of what was checked (exit 0); with ``--bundle``, what the bundle proves."""
     from registry_coordinator.authoring.expressions import parse_instant
     from registry_coordinator.engine import audit
     from registry_coordinator.engine.config import load_config
-    from registry_coordinator.service import open_database
+    from registry_coordinator.semantics import bundles
 
+    if args.bundle is not None:
+        if args.config or args.run or args.since or args.checkpoint:
+            raise _AuditUsage(
+                "audit verify --bundle checks the bundle alone: give no --config, "
+                "--run, --since or --checkpoint"
+            )
+        if args.public_key is None:
+            raise _AuditUsage(
+                "audit verify --bundle needs --public-key FILE, the key that "
+                "signed its checkpoint (coordinator audit public-key prints it)"
+            )
+        key = _public_key_file(args.public_key)
+        try:
+            data = args.bundle.read_bytes()
+        except OSError as exc:
+            raise _AuditUsage(f"cannot read the bundle {args.bundle}: {exc.strerror}") from None
+        try:
+            proven = bundles.check(data, key)
+        except bundles.Refused as exc:
+            print(f"bundle {args.bundle}: {exc}")
+            print(f"the bundle {args.bundle} does not hold", file=sys.stderr)
+            return ExitCode.INVALID
+        unsigned = proven.events - proven.signed
+        print(
+            f"bundle of run {proven.run}: {proven.events} events chained, the first "
+            f"{proven.signed} under checkpoint {proven.checkpoint} ({proven.checkpoint_at}) "
+            f"signed by the key given" + (f"; the last {unsigned} chained only" if unsigned else "")
+        )
+        print(
+            f"workflow {proven.workflow} {proven.version} ({proven.digest}); "
+            f"last event: {proven.last}"
+        )
+        return ExitCode.OK
+    if args.config is None:
+        raise _AuditUsage("audit verify needs --config FILE (the database) or --bundle FILE")
     since = None
     if args.since is not None:
         try:
             since = parse_instant(args.since)
         except ValueError:
-            print(
-                f"coordinator audit verify: --since {args.since!r} is not an RFC 3339 instant, "
-                "e.g. 2026-12-01T00:00:00Z",
-                file=sys.stderr,
-            )
-            return ExitCode.USAGE
-    _logging()
+            raise _AuditUsage(
+                f"audit verify: --since {args.since!r} is not an RFC 3339 instant, "
+                "e.g. 2026-12-01T00:00:00Z"
+            ) from None
     config = load_config(args.config)
+    key = None
+    if args.public_key is not None:
+        key = _public_key_file(args.public_key)
+    elif config.audit.signing_key is not None:
+        key = config.audit.signing_key.public_key()
+    kept = None
+    if args.checkpoint is not None:
+        if key is None:
+            raise _AuditUsage("audit verify --checkpoint needs the public key: --public-key FILE")
+        kept = _kept_checkpoint(args.checkpoint, key)
     found: list[audit.Verified] = []
 
-    async def run() -> None:
-        async with trio_asyncio.open_loop(), open_database(config, "coordinator/audit") as db:
-            found.append(await audit.verify(db, args.run, since))
+    async def work(db: Any) -> None:
+        found.append(await audit.verify(db, args.run, since, key, kept))
 
-    _run_service(run)
+    _audit_database(config, work)
     [verified] = found
     for broken in verified.breaks:
         print(f"run {broken.run}: event {broken.seq}: {broken.why}")
-    what = f"{verified.runs} runs, {verified.events} events"
-    if verified.breaks:
-        print(f"{len(verified.breaks)} of {what}: the history does not hold", file=sys.stderr)
+    for number, why in verified.checkpoint_breaks:
+        print(f"checkpoint {number}: {why}")
+    what = (
+        f"{verified.runs} runs, {verified.events} events, {verified.heads} signed heads, "
+        f"{verified.checkpoints} checkpoints"
+    )
+    if verified.breaks or verified.checkpoint_breaks:
+        print(f"{what}: the history does not hold", file=sys.stderr)
         return ExitCode.INVALID
     if args.run is not None and verified.runs == 0:
         print(f"coordinator audit verify: no run {args.run}", file=sys.stderr)
         return ExitCode.INVALID
-    print(f"verified {what}: every history holds its chain")
+    if key is None:
+        print(
+            "checkpoint signatures were not checked: no --public-key and no audit signingKey",
+            file=sys.stderr,
+        )
+    print(f"verified {what}: every history holds its chain and its signed heads")
+    return ExitCode.OK
+
+
+def _kept_checkpoint(path: Path, key: Any) -> Any:
+    """A checkpoint kept elsewhere, read and checked against ``key``."""
+    from registry_coordinator.semantics import bundles
+    from registry_coordinator.semantics.chain import parse
+    from registry_coordinator.semantics.checkpoints import signed_by
+
+    try:
+        kept = bundles.read_checkpoint(parse(path.read_bytes()))
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read the checkpoint {path}: {exc.strerror}") from None
+    except (ValueError, bundles.Refused) as exc:
+        raise _AuditUsage(f"the checkpoint {path} is not one: {exc}") from None
+    why = signed_by(kept, key)
+    if why is not None:
+        raise _AuditUsage(f"the checkpoint {path} cannot be trusted: {why}")
+    return kept
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.partial")
+    try:
+        temporary.write_bytes(data)
+        temporary.replace(path)
+    except OSError as exc:
+        raise _AuditUsage(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _audit_export(args: argparse.Namespace) -> int:
+    from registry_coordinator.engine import audit
+    from registry_coordinator.engine.config import load_config
+
+    config = load_config(args.config)
+    key = _audit_key(config, "export")
+    written: list[bytes] = []
+
+    async def work(db: Any) -> None:
+        written.append(await audit.export(db, args.run, key))
+
+    _audit_database(config, work)
+    _write_atomically(args.out, written[0])
+    print(f"wrote the bundle of run {args.run} to {args.out} ({len(written[0])} bytes)")
+    return ExitCode.OK
+
+
+def _audit_checkpoint(args: argparse.Namespace) -> int:
+    from registry_coordinator.engine.checkpoints import checkpoint, stored
+    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.semantics.chain import canonical
+
+    config = load_config(args.config)
+    key = _audit_key(config, "checkpoint")
+    latest: list[Any] = []
+
+    async def work(db: Any) -> None:
+        await checkpoint(db, key)
+        row = await db.row("audit_last_checkpoint")
+        if row is not None:
+            latest.append(stored(row))
+
+    _audit_database(config, work)
+    if not latest:
+        print("there is no checkpoint yet: no run has a history to sign", file=sys.stderr)
+        return ExitCode.INVALID
+    [made] = latest
+    text = canonical(made.as_json()) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        _write_atomically(args.out, text.encode("utf-8"))
+    print(f"checkpoint {made.number} ({made.at}) signs {made.leaves} heads", file=sys.stderr)
+    return ExitCode.OK
+
+
+def _audit_public_key(args: argparse.Namespace) -> int:
+    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.semantics.checkpoints import public_pem
+
+    key = _audit_key(load_config(args.config), "public-key")
+    sys.stdout.write(public_pem(key.public_key()))
     return ExitCode.OK
 
 

@@ -28,6 +28,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from registry_coordinator.engine import faults, store
 from registry_coordinator.engine.calls import Product, open_products
+from registry_coordinator.engine.checkpoints import Checkpointer
 from registry_coordinator.engine.config import Config
 from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.embedded import EmbeddedPostgres
@@ -101,8 +102,10 @@ async def _supervise(
     products: dict[str, Product],
     client: httpx.AsyncClient,
 ) -> None:
-    """The nursery: timer, listener, call pools, engine workers, lease keeper, HTTP."""
-    metrics = Metrics()
+    """The nursery: timer, listener, call pools, engine workers, lease keeper,
+    checkpointer, archiver, HTTP."""
+    checkpointer = Checkpointer(db, config.audit.signing_key, config.audit.checkpoint_every)
+    metrics = Metrics(on_end=checkpointer.nudge)
     timer = Timer(db, config.engine.sweep_interval, store.actor(owner), metrics)
     holdings = store.Holdings()
     engine = Engine(db, workflows, timer, products, config.engine, metrics, holdings, owner)
@@ -125,6 +128,7 @@ async def _supervise(
             await nursery.start(engine.calls.run)
             await nursery.start(engine.keep_leases)
             await nursery.start(engine.run)
+            await nursery.start(checkpointer.run)
             await nursery.start(auth.run)  # the key set is read once before callers are served
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))

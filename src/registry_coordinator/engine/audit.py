@@ -1,33 +1,61 @@
-"""``coordinator audit verify``: every run's history checked against its hash chain.
+"""``coordinator audit``: histories checked against their hash chains and signed
+checkpoints, and one run's history exported as a bundle that is checked offline.
 
 Runs are read in batches of :data:`BATCH`, each batch's events in one statement, and
-checked by :mod:`semantics.chain` exactly as an exported history would be checked without
-the database. A run's latest event must be its ``seq``: a history cut short is a break too.
-What this cannot see alone is a history rewritten with every hash recomputed; signed
-checkpoints kept elsewhere are for that.
+checked by :mod:`semantics.chain` exactly as a bundle is checked without the database.
+A run's latest event must be its ``seq``: a history cut short is a break too. The
+chain alone cannot see a history rewritten with every hash recomputed; each head a
+checkpoint signed can: the event at that seq must still carry that hash. Checkpoints
+themselves are checked in order: each names its predecessor's digest, its leaves give
+its root, and its signature holds under the public key. A copy of a checkpoint kept
+elsewhere must be the database's checkpoint of that number, which catches checkpoints
+rewritten by someone who holds the key, or removed.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
 
-from registry_coordinator.engine.database import Database
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from registry_coordinator.engine.checkpoints import checkpoint, stored
+from registry_coordinator.engine.database import Database, Row
+from registry_coordinator.errors import CoordinatorError
+from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Break, Event, first_break, parse
+from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, inclusion, root, signed_by
 
 BATCH = 500
+CHECKPOINT_BATCH = 100
 
 
 @dataclass
 class Verified:
-    """What a verification covered, and where the chain did not hold."""
+    """What a verification covered, and where the chain or a checkpoint did not hold."""
 
     runs: int = 0
     events: int = 0
+    heads: int = 0  # signed heads checked against the histories
+    checkpoints: int = 0
     breaks: list[Break] = field(default_factory=list)
+    checkpoint_breaks: list[tuple[int, str]] = field(default_factory=list)  # (number, why)
+
+
+def _event(row: Row) -> Event:
+    return Event(
+        row["run"],
+        row["seq"],
+        row["at"],
+        row["kind"],
+        row["step"],
+        row["actor"],
+        parse(row["detail"]),
+        bytes(row["hash"]),
+    )
 
 
 async def _batches(
@@ -44,34 +72,124 @@ async def _batches(
         after = rows[-1]["id"]
 
 
+def _unsigned_head(history: list[Event], leaves: Iterable[Row]) -> Break | None:
+    """The first head a checkpoint signed that the history no longer has."""
+    for leaf in leaves:
+        seq = leaf["seq"]
+        if seq > len(history) or history[seq - 1].hash != bytes(leaf["head"]):
+            why = f"its hash is not the one checkpoint {leaf['checkpoint']} signed"
+            return Break(leaf["run"], seq, why)
+    return None
+
+
+async def _checkpoints(db: Database, key: Ed25519PublicKey | None, found: Verified) -> None:
+    """Every checkpoint in order: numbered without a gap, each naming the one before,
+    its leaves giving its root, and (given the key) signed by it."""
+    previous: Checkpoint | None = None
+    while True:
+        after = previous.number if previous is not None else 0
+        rows = await db.rows("audit_checkpoints_after", {"after": after, "limit": CHECKPOINT_BATCH})
+        if not rows:
+            return
+        for row in rows:
+            c = stored(row)
+            found.checkpoints += 1
+            if c.number != after + 1:
+                found.checkpoint_breaks.append((after + 1, "it is missing"))
+            elif c.previous != (previous.digest() if previous is not None else None):
+                found.checkpoint_breaks.append(
+                    (c.number, "it does not name the digest of the one before")
+                )
+            leaves = await db.rows("audit_checkpoint_leaves", {"number": c.number})
+            hashes = [Leaf(r["run"], r["seq"], bytes(r["head"])).hash() for r in leaves]
+            if len(hashes) != c.leaves or not hashes or root(hashes) != c.root:
+                found.checkpoint_breaks.append((c.number, "its leaves do not give its signed root"))
+            why = signed_by(c, key) if key is not None else None
+            if why is not None:
+                found.checkpoint_breaks.append((c.number, why))
+            previous, after = c, c.number
+
+
 async def verify(
-    db: Database, run: uuid.UUID | None = None, since: datetime | None = None
+    db: Database,
+    run: uuid.UUID | None = None,
+    since: datetime | None = None,
+    key: Ed25519PublicKey | None = None,
+    kept: Checkpoint | None = None,
 ) -> Verified:
-    """Check the chain of every run (or of ``run``, or of runs changed ``since``)."""
+    """Check the chain and the signed heads of every run (or of ``run``, or of runs
+    changed ``since``), then every checkpoint, and ``kept`` against the database's."""
     found = Verified()
     async for batch in _batches(db, run, since):
-        rows = await db.rows("audit_events", {"runs": [run_id for run_id, _ in batch]})
+        ids = [run_id for run_id, _ in batch]
+        rows = await db.rows("audit_events", {"runs": ids})
         events = {
-            run_id: [
-                Event(
-                    r["run"],
-                    r["seq"],
-                    r["at"],
-                    r["kind"],
-                    r["step"],
-                    r["actor"],
-                    parse(r["detail"]),
-                    bytes(r["hash"]),
-                )
-                for r in group
-            ]
-            for run_id, group in groupby(rows, key=lambda r: r["run"])
+            r: [_event(e) for e in group] for r, group in groupby(rows, key=lambda e: e["run"])
         }
+        leaf_rows = await db.rows("audit_run_leaves", {"runs": ids})
+        leaves = {r: list(group) for r, group in groupby(leaf_rows, key=lambda e: e["run"])}
         for run_id, last in batch:
             history = events.get(str(run_id), [])
+            signed = leaves.get(str(run_id), [])
             found.runs += 1
             found.events += len(history)
-            broken = first_break(str(run_id), history, last)
+            found.heads += len(signed)
+            broken = first_break(str(run_id), history, last) or _unsigned_head(history, signed)
             if broken is not None:
                 found.breaks.append(broken)
+    if run is None:
+        for lost in await db.rows("audit_lost_runs"):
+            why = (
+                f"the run is gone: checkpoint {lost['checkpoint']} signed this event, and the "
+                "run is neither in the database nor archived"
+            )
+            found.breaks.append(Break(lost["run"], lost["seq"], why))
+    await _checkpoints(db, key, found)
+    if kept is not None:
+        row = await db.row("audit_checkpoint", {"number": kept.number})
+        if row is None:
+            found.checkpoint_breaks.append(
+                (kept.number, "the copy kept elsewhere is not in the database")
+            )
+        elif stored(row).digest() != kept.digest():
+            found.checkpoint_breaks.append(
+                (kept.number, "the database's differs from the copy kept elsewhere")
+            )
     return found
+
+
+class Unexportable(CoordinatorError):
+    """A run that cannot be exported, with why and what to do."""
+
+
+async def export(db: Database, run: uuid.UUID, key: Ed25519PrivateKey) -> bytes:
+    """The bundle of ``run``: a checkpoint is made first if its head is not yet signed."""
+    found = await db.row("audit_export_run", {"run": run})
+    if found is None:
+        archived = await db.row("archived_run", {"run": run})
+        if archived is not None:
+            raise Unexportable(
+                f"run {run} was archived on {archived['archived_at']:%Y-%m-%d} to the bundle "
+                f"{archived['bundle']} (sha256 {archived['sha256']}): that file is its bundle"
+            )
+        raise Unexportable(f"there is no run {run}")
+    proof = await db.row("audit_run_proof", {"run": run})
+    if proof is None or proof["seq"] < found["seq"]:
+        await checkpoint(db, key)
+        proof = await db.row("audit_run_proof", {"run": run})
+    assert proof is not None  # the checkpoint just made signs this run's head
+    events = [_event(e) for e in await db.rows("audit_events", {"runs": [run]})]
+    signed = await db.row("audit_checkpoint", {"number": proof["checkpoint"]})
+    assert signed is not None  # leaves reference their checkpoint
+    leaves = await db.rows("audit_checkpoint_leaves", {"number": proof["checkpoint"]})
+    hashes = [Leaf(r["run"], r["seq"], bytes(r["head"])).hash() for r in leaves]
+    path = inclusion(hashes, proof["position"])
+    return bundles.write(
+        str(run),
+        events,
+        bytes(found["artifact"]),
+        stored(signed),
+        proof["seq"],
+        proof["position"],
+        path,
+    )

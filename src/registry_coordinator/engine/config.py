@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg.conninfo import conninfo_to_dict
 
 from registry_coordinator.authoring.canonical import JSON
@@ -26,6 +27,7 @@ from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.fields import Reader, describe
 from registry_coordinator.authoring.source import DataPath, load_yaml, read_source
 from registry_coordinator.authoring.workflow import NAME
+from registry_coordinator.semantics.checkpoints import UnusableKey, signing_key
 
 
 def has_password(dsn: str) -> bool:
@@ -136,6 +138,24 @@ class ConsoleConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """How run heads are signed into checkpoints (none are made without a key)."""
+
+    signing_key: Ed25519PrivateKey | None = field(repr=False)
+    checkpoint_every: timedelta
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """When ended runs leave the hot tables for verified bundles in ``directory``."""
+
+    archive_after: timedelta | None  # None: ended runs stay
+    directory: Path | None
+    batch: int  # runs per transaction
+    every: timedelta  # between passes, while nothing is due
+
+
+@dataclass(frozen=True)
 class Config:
     file: Path
     database: DatabaseConfig
@@ -147,6 +167,8 @@ class Config:
     request_body_limit: int
     auth: AuthConfig
     console: ConsoleConfig
+    audit: AuditConfig
+    retention: RetentionConfig
 
 
 def resolve_secret(reference: str) -> str:
@@ -177,7 +199,7 @@ def load_config(path: Path) -> Config:
         (),
         "the configuration",
         ["database", "workflows", "auth"],
-        ["listen", "connections", "engine", "limits", "console"],
+        ["listen", "connections", "engine", "limits", "console", "audit", "retention"],
     )
     database = _database(reader, root.get("database"), base)
     host, port = _listen(reader, root.get("listen", {}))
@@ -189,12 +211,69 @@ def load_config(path: Path) -> Config:
     body_limit = _integer(reader, limits, "requestBody", ("limits",), 64 * 1024, 1024, 16 << 20)
     auth = _auth(reader, root.get("auth"), base, host) if "auth" in root else None
     console = _console(reader, root.get("console", {}), auth)
+    audit = _audit(reader, root.get("audit", {}))
+    retention = _retention(reader, root.get("retention", {}), base, audit)
     if reader.diagnostics:
         raise Refused(reader.diagnostics)
     assert database is not None and engine is not None and auth is not None
     return Config(
-        path, database, host, port, workflows, connections, engine, body_limit, auth, console
+        path,
+        database,
+        host,
+        port,
+        workflows,
+        connections,
+        engine,
+        body_limit,
+        auth,
+        console,
+        audit,
+        retention,
     )
+
+
+def _audit(reader: Reader, value: JSON) -> AuditConfig:
+    """The key checkpoints are signed with, by reference, and how often they are made."""
+    path: DataPath = ("audit",)
+    data = reader.mapping(value, path, "audit") or {}
+    reader.fields(data, path, "audit", [], ["signingKey", "checkpointEvery"])
+    every = _duration(
+        reader, data, "checkpointEvery", path, timedelta(minutes=1), timedelta(seconds=1)
+    )
+    pem = _secret(reader, data, "signingKey", path, "audit")
+    if pem is None:
+        return AuditConfig(None, every)
+    try:
+        return AuditConfig(signing_key(pem), every)
+    except UnusableKey as exc:
+        reader.report(
+            "config.invalid-value",
+            f"audit signingKey cannot sign checkpoints: {exc}",
+            "make one with: openssl genpkey -algorithm ed25519 -out audit-key.pem",
+            (*path, "signingKey"),
+        )
+        return AuditConfig(None, every)
+
+
+def _retention(reader: Reader, value: JSON, base: Path, audit: AuditConfig) -> RetentionConfig:
+    """How long ended runs stay in the hot tables, and where their bundles go."""
+    path: DataPath = ("retention",)
+    data = reader.mapping(value, path, "retention") or {}
+    required = ["archiveAfter", "directory"] if data else []
+    reader.fields(data, path, "retention", required, ["batch", "every"])
+    after = reader.duration(data, "archiveAfter", path, "retention")
+    directory = reader.string(data, "directory", path, "retention")
+    batch = _integer(reader, data, "batch", path, 20, 1, 1000)
+    every = _duration(reader, data, "every", path, timedelta(minutes=5), timedelta(seconds=1))
+    if after is not None and audit.signing_key is None:
+        reader.report(
+            "config.invalid-value",
+            "retention archives runs to bundles proven by a signed checkpoint, and audit has "
+            "no signingKey",
+            "give audit: {signingKey: file:/path/to/audit-key.pem}",
+            (*path, "archiveAfter"),
+        )
+    return RetentionConfig(after, (base / directory).resolve() if directory else None, batch, every)
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -26,7 +27,11 @@ _MAX_PENDING = 10_000
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """This process's metrics. ``on_end`` is told whenever a run ends here (the
+    checkpointer signs ended runs' heads soon after)."""
+
+    def __init__(self, on_end: Callable[[], None] = lambda: None) -> None:
+        self._on_end = on_end
         r = self.registry = CollectorRegistry()
         self.runs_started = Counter(
             "coordinator_runs_started", "Runs admitted", ["workflow"], registry=r
@@ -97,8 +102,12 @@ class Metrics:
             self.transitions.labels(kind).inc()
         state = committed.run.state
         if state in TERMINAL:
-            workflow = committed.run.workflow_id
-            self.runs_ended.labels(workflow, state, committed.outcome or "").inc()
+            self.ended(committed.run.workflow_id, state, committed.outcome or "")
+
+    def ended(self, workflow: str, state: str, outcome: str) -> None:
+        """A run ended in this process."""
+        self.runs_ended.labels(workflow, state, outcome).inc()
+        self._on_end()
 
     def woke(self, lateness: list[float]) -> None:
         """The timer took wait-untils on to their next step, each this many seconds late."""

@@ -218,7 +218,7 @@ async def _cancel(context: Context, row: Row, actor: str, reason: str) -> int:
     """Cancel the run (200), or, with a call in flight, once that call settles (202)."""
     if not await operations.cancel(context.db, row["id"], actor, reason):
         return 202
-    context.metrics.runs_ended.labels(row["workflow_id"], RunState.CANCELLED, "").inc()
+    context.metrics.ended(row["workflow_id"], RunState.CANCELLED, "")
     return 200
 
 

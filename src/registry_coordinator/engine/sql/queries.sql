@@ -632,3 +632,85 @@ SELECT run_id::text AS run, seq, rfc3339(at) AS at, kind, step, actor, detail::t
        hash
 FROM run_events WHERE run_id = ANY (%(runs)s::uuid[])
 ORDER BY run_id, seq;
+
+-- name: audit_last_checkpoint
+-- The latest checkpoint, as its statement is rebuilt from it.
+SELECT number, rfc3339(at) AS at, previous, root, leaves, key, signature
+FROM audit_checkpoints ORDER BY number DESC LIMIT 1;
+
+-- name: audit_changed_heads
+-- The heads of runs whose seq is past their latest checkpointed one, in run id order.
+--
+-- With the instant of this snapshot, for the checkpoint that signs them.
+SELECT r.id::text AS run, r.seq, e.hash, rfc3339(now()) AS now
+FROM runs r
+JOIN run_events e ON e.run_id = r.id AND e.seq = r.seq
+WHERE r.seq > coalesce(
+    (SELECT l.seq FROM audit_leaves l WHERE l.run_id = r.id ORDER BY l.checkpoint DESC LIMIT 1),
+    0)
+ORDER BY r.id
+LIMIT %(limit)s;
+
+-- name: audit_insert_checkpoint
+-- Record a signed checkpoint and its leaves in their order, unless its number is taken.
+WITH made AS (
+    INSERT INTO audit_checkpoints (number, at, previous, root, leaves, key, signature)
+    VALUES (%(number)s, %(at)s::timestamptz, %(previous)s, %(root)s, %(leaves)s, %(key)s,
+            %(signature)s)
+    ON CONFLICT (number) DO NOTHING
+    RETURNING number
+), leaves AS (
+    INSERT INTO audit_leaves (checkpoint, position, run_id, seq, head)
+    SELECT made.number, l.position - 1, l.run, l.seq, l.head
+    FROM made, unnest(%(runs)s::uuid[], %(seqs)s::integer[], %(heads)s::bytea[])
+         WITH ORDINALITY AS l (run, seq, head, position)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM made) AS made, (SELECT count(*) FROM leaves) AS leaves;
+
+-- name: audit_run_leaves
+-- The heads checkpoints signed for some runs, by run and checkpoint.
+SELECT run_id::text AS run, checkpoint, seq, head
+FROM audit_leaves WHERE run_id = ANY (%(runs)s::uuid[])
+ORDER BY run_id, checkpoint;
+
+-- name: audit_checkpoints_after
+-- A batch of checkpoints in number order after %(after)s.
+SELECT number, rfc3339(at) AS at, previous, root, leaves, key, signature
+FROM audit_checkpoints WHERE number > %(after)s
+ORDER BY number LIMIT %(limit)s;
+
+-- name: audit_checkpoint
+-- One checkpoint by number.
+SELECT number, rfc3339(at) AS at, previous, root, leaves, key, signature
+FROM audit_checkpoints WHERE number = %(number)s;
+
+-- name: audit_checkpoint_leaves
+-- One checkpoint's leaves, in the order its tree was made.
+SELECT run_id::text AS run, seq, head FROM audit_leaves
+WHERE checkpoint = %(number)s ORDER BY position;
+
+-- name: audit_lost_runs
+-- Runs a checkpoint signed that are neither in the hot tables nor archived: removed.
+SELECT l.run_id::text AS run, max(l.seq) AS seq, max(l.checkpoint) AS checkpoint
+FROM audit_leaves l
+WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = l.run_id)
+  AND NOT EXISTS (SELECT 1 FROM archived_runs a WHERE a.id = l.run_id)
+GROUP BY l.run_id ORDER BY l.run_id;
+
+-- name: audit_export_run
+-- What a run's bundle needs besides its events: its seq and its workflow artifact.
+SELECT r.id::text AS run, r.seq, d.artifact
+FROM runs r JOIN definitions d ON d.digest = r.digest
+WHERE r.id = %(run)s;
+
+-- name: audit_run_proof
+-- The latest checkpoint that signed a run's head: which leaf, of which seq.
+SELECT checkpoint, position, seq FROM audit_leaves
+WHERE run_id = %(run)s ORDER BY checkpoint DESC LIMIT 1;
+
+-- name: archived_run
+-- Where an archived run went.
+SELECT id, digest, workflow_id, caller, start_key, state, outcome, seq, head, admitted_at,
+       ended_at, archived_at, bundle, sha256
+FROM archived_runs WHERE id = %(run)s;

@@ -1,0 +1,113 @@
+"""The checkpointer: signs the heads of runs that changed into a checkpoint, periodically
+and soon after runs end.
+
+One checkpoint takes two statements: one reads the last checkpoint and the heads that
+changed since (one snapshot), one writes the next checkpoint and its leaves. Two
+processes that race for the same number both compute it, and the second insert finds
+the number taken and writes nothing (its heads go into the next one). A head read a
+moment before a transition commits is still a true head: the next checkpoint has the
+newer one. Nothing here is on a run's path: a checkpoint that fails is made later.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from registry_coordinator.engine.backoff import DATABASE_OUTAGE
+from registry_coordinator.engine.database import Database, Row, Unavailable
+from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, sign
+
+log = logging.getLogger(__name__)
+
+#: Leaves in one checkpoint at most; more changed heads make more checkpoints at once.
+LEAVES = 10_000
+#: How long after a run ends its checkpoint is made: ends close together share one.
+AFTER_END = 1.0
+
+
+def stored(row: Row) -> Checkpoint:
+    """A checkpoint as ``audit_checkpoints`` holds it (``at`` read with ``rfc3339``)."""
+    return Checkpoint(
+        row["number"],
+        row["at"],
+        row["previous"],
+        bytes(row["root"]),
+        row["leaves"],
+        row["key"],
+        bytes(row["signature"]),
+    )
+
+
+async def checkpoint(db: Database, key: Ed25519PrivateKey) -> list[Checkpoint]:
+    """Sign every head that changed since the last checkpoint; the checkpoints made
+    (none when nothing changed, or when another process made the same one first)."""
+    made: list[Checkpoint] = []
+    while True:
+        last_row = await db.row("audit_last_checkpoint")
+        last = stored(last_row) if last_row is not None else None
+        heads = await db.rows("audit_changed_heads", {"limit": LEAVES})
+        if not heads:
+            return made
+        leaves = [Leaf(r["run"], r["seq"], bytes(r["hash"])) for r in heads]
+        number = last.number + 1 if last is not None else 1
+        previous = last.digest() if last is not None else None
+        signed = sign(key, number, heads[0]["now"], previous, leaves)
+        written = await db.row(
+            "audit_insert_checkpoint",
+            {
+                "number": signed.number,
+                "at": signed.at,
+                "previous": signed.previous,
+                "root": signed.root,
+                "leaves": signed.leaves,
+                "key": signed.key,
+                "signature": signed.signature,
+                "runs": [leaf.run for leaf in leaves],
+                "seqs": [leaf.seq for leaf in leaves],
+                "heads": [leaf.head for leaf in leaves],
+            },
+        )
+        if written is None or not written["made"]:
+            return made  # another process made this number: its heads are signed there
+        made.append(signed)
+        log.info("checkpoint %d signs %d run heads", signed.number, signed.leaves)
+        if len(heads) < LEAVES:
+            return made
+
+
+class Checkpointer:
+    """The nursery's service that makes checkpoints; does nothing without a key."""
+
+    def __init__(self, db: Database, key: Ed25519PrivateKey | None, every: timedelta) -> None:
+        self.db = db
+        self.key = key
+        self.every = every.total_seconds()
+        self._ended = trio.Event()
+
+    def nudge(self) -> None:
+        """A run ended: sign its head soon (within :data:`AFTER_END`)."""
+        self._ended.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        if self.key is None:
+            return
+        failures = 0
+        next_at = trio.current_time() + self.every
+        while True:
+            with trio.move_on_at(next_at):
+                await self._ended.wait()
+                await trio.sleep(AFTER_END)  # the ends that come close together share one
+            self._ended = trio.Event()
+            try:
+                await checkpoint(self.db, self.key)
+                failures = 0
+                next_at = trio.current_time() + self.every
+            except Unavailable as exc:
+                failures += 1
+                log.warning("checkpointer: database unavailable: %s", exc)
+                next_at = trio.current_time() + min(DATABASE_OUTAGE.pause(failures), self.every)
