@@ -633,7 +633,7 @@ def _kept_checkpoint(path: Path, key: Any) -> Any:
         kept = bundles.read_checkpoint(parse(path.read_bytes()))
     except OSError as exc:
         raise _AuditUsage(f"cannot read the checkpoint {path}: {exc.strerror}") from None
-    except (ValueError, bundles.Refused) as exc:
+    except (ValueError, RecursionError, bundles.Refused) as exc:
         raise _AuditUsage(f"the checkpoint {path} is not one: {exc}") from None
     why = signed_by(kept, key)
     if why is not None:

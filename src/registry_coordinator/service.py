@@ -35,6 +35,7 @@ from registry_coordinator.engine.embedded import EmbeddedPostgres
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.migrations import check_server, migrate, require_current
+from registry_coordinator.engine.retention import Archiver
 from registry_coordinator.engine.systemd import Notifier
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.worker import Engine
@@ -129,6 +130,7 @@ async def _supervise(
             await nursery.start(engine.keep_leases)
             await nursery.start(engine.run)
             await nursery.start(checkpointer.run)
+            await nursery.start(Archiver(db, config.retention, config.audit.signing_key).run)
             await nursery.start(auth.run)  # the key set is read once before callers are served
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))

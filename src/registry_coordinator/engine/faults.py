@@ -28,7 +28,15 @@ _PLAN = os.environ.get("COORDINATOR_CRASH_AT", "")
 _POINT, _, _NTH = _PLAN.partition(":")
 _COUNTS: dict[str, int] = {}
 
-POINTS = ("after-claim", "before-commit", "mid-transition", "after-commit")
+POINTS = (
+    "after-claim",
+    "before-commit",
+    "mid-transition",
+    "after-commit",
+    "archive-written",
+    "archive-recorded",
+    "archive-committed",
+)
 
 
 def crash_point(name: str) -> None:

@@ -408,6 +408,30 @@ async def status(db: Database, run_id: uuid.UUID) -> Row | None:
     return await db.row("run_status", {"id": run_id})
 
 
+async def archived(db: Database, run_id: uuid.UUID) -> Row | None:
+    """Where run ``run_id`` went if it was archived."""
+    return await db.row("archived_run", {"run": run_id})
+
+
+async def archived_page(
+    db: Database, which: RunFilter, after: tuple[datetime, uuid.UUID], limit: int
+) -> list[Row]:
+    """Up to ``limit`` archived runs, newest first, admitted before the cursor ``after``
+    (of ``which``, only the caller, readable workflows, state and workflow apply)."""
+    return await db.rows(
+        "list_archived",
+        {
+            "caller": which.caller,
+            "readable": None if which.readable is None else sorted(which.readable),
+            "state": which.state,
+            "workflow": which.workflow,
+            "after_at": after[0],
+            "after_id": after[1],
+            "limit": limit,
+        },
+    )
+
+
 async def history(db: Database, run_id: uuid.UUID) -> list[Row]:
     return await db.rows("run_history", {"id": run_id})
 

@@ -40,6 +40,7 @@ CODES: dict[str, str] = {
     "input.invalid": "the input does not fit the workflow's input schema",
     "admission.held": "new starts are held by an operator",
     "run.not-found": "no run of that id that the caller may see",
+    "run.archived": "the run ended and was archived: its history is in the bundle named",
     "run.key-reused": "the Idempotency-Key started a run of another workflow, version or input",
     "run.ended": "the run has already ended",
     "run.not-held": "the action needs a held run",

@@ -56,6 +56,25 @@ def run_status(row: Row) -> JSON:
     }
 
 
+def archived_status(row: Row) -> JSON:
+    """An archived run as the API shows it: what is left of it here, and its bundle."""
+    return {
+        "id": str(row["id"]),
+        "workflow": {"id": row["workflow_id"], "digest": row["digest"]},
+        "caller": row["caller"],
+        "state": row["state"],
+        "outcome": row["outcome"],
+        "admittedAt": instant(row["admitted_at"]),
+        "endedAt": instant(row["ended_at"]),
+        "head": row["head"],
+        "archived": {
+            "at": instant(row["archived_at"]),
+            "bundle": row["bundle"],
+            "sha256": row["sha256"],
+        },
+    }
+
+
 def _hold(row: Row) -> JSON:
     """Why a run is held, and the product's answer if one came back after its claim on
     the run was lost (the evidence ``reconcile`` uses)."""
@@ -85,7 +104,20 @@ async def visible_run(context: Context, who: Caller, run_id: str, action: str) -
     on: its token's policies must cover the run's workflow, as they did its start."""
     who.require(action)
     row = await store.status(context.db, _run_id(run_id))
-    if row is None or not (who.operator or row["caller"] == who.client):
+    if row is None:
+        row = await store.archived(context.db, _run_id(run_id))
+        if row is None or not (who.operator or row["caller"] == who.client):
+            raise _not_found(run_id)
+        who.require(action, row["workflow_id"])
+        raise Problem(
+            410,
+            "run.archived",
+            f"run {run_id} ended {instant(row['ended_at'])} and was archived "
+            f"{instant(row['archived_at'])} to the bundle {row['bundle']} in the archive "
+            "directory: its history is there (coordinator audit verify --bundle)",
+            archived=archived_status(row)["archived"],
+        )
+    if not (who.operator or row["caller"] == who.client):
         raise _not_found(run_id)
     who.require(action, row["workflow_id"])
     return row
@@ -94,7 +126,7 @@ async def visible_run(context: Context, who: Caller, run_id: str, action: str) -
 async def _current(context: Context, run_id: uuid.UUID) -> Row:
     """The run as it stands now, after a start or an action on it."""
     row = await store.status(context.db, run_id)
-    assert row is not None  # runs are never deleted
+    assert row is not None  # only runs ended longer ago than retention.archiveAfter leave
     return row
 
 
@@ -156,22 +188,22 @@ async def listing(context: Context) -> Response:
         limit = 0
     if not 1 <= limit <= 100:
         raise Problem(400, "request.invalid-filter", "limit must be a number from 1 to 100")
+    archived = request.args.get("archived", "false")
+    if archived not in ("true", "false"):
+        raise Problem(400, "request.invalid-filter", "archived must be true or false")
     caller, readable = visible_to(who)
-    rows = await store.runs_page(
-        context.db,
-        store.RunFilter(
-            caller=caller,
-            readable=readable,
-            state=state,
-            workflow=workflow,
-        ),
-        cursor(request.args.get("cursor")),
-        limit + 1,
-    )
+    which = store.RunFilter(caller=caller, readable=readable, state=state, workflow=workflow)
+    after = cursor(request.args.get("cursor"))
+    if archived == "true":
+        rows = await store.archived_page(context.db, which, after, limit + 1)
+        shown = archived_status
+    else:
+        rows = await store.runs_page(context.db, which, after, limit + 1)
+        shown = run_status
     page = rows[:limit]
     more = len(rows) > limit
     return json_response(
-        {"runs": [run_status(r) for r in page], "next": next_cursor(page[-1]) if more else None}
+        {"runs": [shown(r) for r in page], "next": next_cursor(page[-1]) if more else None}
     )
 
 

@@ -150,6 +150,8 @@ def check(data: bytes, key: Ed25519PublicKey) -> Proven:
         document = parse(text)
     except (UnicodeDecodeError, ValueError):
         raise Refused("it is not a bundle: not UTF-8 JSON") from None
+    except RecursionError:
+        raise Refused("it is not a bundle: it nests deeper than any bundle does") from None
     root = _mapping(document, _KEYS, "a bundle")
     if _text(root["format"], "format") != FORMAT:
         raise Refused(f"its format is {root['format']!r}, and this reads {FORMAT}")

@@ -23,9 +23,14 @@ from decimal import Decimal
 from typing import Any
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse(text: str | bytes) -> Any:
-    """JSON text as the chain reads it: every number a Decimal."""
-    return json.loads(text, parse_float=Decimal, parse_int=Decimal)
+    """JSON text as the chain reads it: every number a Decimal; NaN and Infinity, which
+    Python reads but JSON has not, refused (ValueError)."""
+    return json.loads(text, parse_float=Decimal, parse_int=Decimal, parse_constant=_no_constant)
 
 
 def _number(value: Decimal | int) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -154,7 +154,7 @@ def signing_key(pem: str) -> Ed25519PrivateKey:
     """The Ed25519 private key in PEM text (``openssl genpkey -algorithm ed25519``)."""
     try:
         key = serialization.load_pem_private_key(pem.encode("utf-8"), password=None)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise UnusableKey(f"it is not an unencrypted PEM private key ({exc})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise UnusableKey(f"it is a {type(key).__name__.removeprefix('_')}, not an Ed25519 key")
@@ -165,7 +165,7 @@ def public_key(pem: bytes) -> Ed25519PublicKey:
     """The Ed25519 public key in PEM text (``openssl pkey -pubout``)."""
     try:
         key = serialization.load_pem_public_key(pem)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise UnusableKey(f"it is not a PEM public key ({exc})") from None
     if not isinstance(key, Ed25519PublicKey):
         raise UnusableKey(f"it is a {type(key).__name__.removeprefix('_')}, not an Ed25519 key")

@@ -711,6 +711,53 @@ WHERE run_id = %(run)s ORDER BY checkpoint DESC LIMIT 1;
 
 -- name: archived_run
 -- Where an archived run went.
-SELECT id, digest, workflow_id, caller, start_key, state, outcome, seq, head, admitted_at,
-       ended_at, archived_at, bundle, sha256
+SELECT id, digest, workflow_id, caller, start_key, state, outcome, seq,
+       encode(head, 'hex') AS head, admitted_at, ended_at, archived_at, bundle, sha256
 FROM archived_runs WHERE id = %(run)s;
+
+-- name: retention_due
+-- Ended runs past the retention age, oldest end first, with what their bundle is named by.
+SELECT id, seq, ended_at FROM runs
+WHERE ended_at IS NOT NULL AND ended_at < now() - %(after)s::interval
+ORDER BY ended_at, id
+LIMIT %(limit)s;
+
+-- name: retention_record
+-- Record runs as archived to their verified bundles, if they are still as exported.
+INSERT INTO archived_runs (id, digest, workflow_id, caller, start_key, state, outcome, seq,
+                           head, admitted_at, ended_at, archived_at, bundle, sha256)
+SELECT r.id, r.digest, r.workflow_id, r.caller, r.start_key, r.state, r.outcome, r.seq,
+       e.hash, r.admitted_at, r.ended_at, now(), a.bundle, a.sha256
+FROM unnest(%(runs)s::uuid[], %(seqs)s::integer[], %(bundles)s::text[], %(sha256s)s::text[])
+     AS a (id, seq, bundle, sha256)
+JOIN runs r ON r.id = a.id AND r.seq = a.seq AND r.ended_at IS NOT NULL
+JOIN run_events e ON e.run_id = r.id AND e.seq = r.seq
+RETURNING id;
+
+-- name: retention_remove
+-- Remove archived runs from the hot tables: their history, calls, waits and the run.
+--
+-- Every statement in WITH runs to completion, so the runs go with all their rows.
+WITH gone AS (
+    SELECT id FROM archived_runs WHERE id = ANY (%(runs)s::uuid[])
+), history AS (
+    DELETE FROM run_events WHERE run_id IN (SELECT id FROM gone) RETURNING 1
+), calls AS (
+    DELETE FROM executions WHERE run_id IN (SELECT id FROM gone) RETURNING 1
+), parked AS (
+    DELETE FROM waits WHERE run_id IN (SELECT id FROM gone) RETURNING 1
+)
+DELETE FROM runs WHERE id IN (SELECT id FROM gone);
+
+-- name: list_archived
+-- One page of archived runs, newest first, of those a caller may see (as list_runs).
+SELECT id, workflow_id, digest, caller, state, outcome, admitted_at, ended_at, archived_at,
+       encode(head, 'hex') AS head, bundle, sha256
+FROM archived_runs
+WHERE (%(caller)s::text IS NULL OR caller = %(caller)s)
+  AND (%(readable)s::text[] IS NULL OR workflow_id = ANY (%(readable)s::text[]))
+  AND (admitted_at, id) < (%(after_at)s, %(after_id)s)
+  AND (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(workflow)s::text IS NULL OR workflow_id = %(workflow)s)
+ORDER BY admitted_at DESC, id DESC
+LIMIT %(limit)s;

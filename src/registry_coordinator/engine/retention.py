@@ -1,0 +1,129 @@
+"""The archiver: ended runs past ``retention.archiveAfter`` leave the hot tables for
+verified bundles in ``retention.directory``.
+
+A batch goes in this order, and a kill between any two steps loses nothing:
+
+1. the batch's heads are signed (a checkpoint, if any is new);
+2. each run's bundle is written to a temporary file, flushed to disk, renamed into place
+   and the directory flushed — then read back from disk and checked as an auditor
+   would, with the public key only (``crash point archive-written`` after the batch);
+3. one transaction records the runs in ``archived_runs`` with each bundle's path and
+   SHA-256 — only runs still ended at the seq their bundle holds — and removes their
+   rows (``archive-recorded`` inside it, ``archive-committed`` after it).
+
+Killed before 3 commits, every run is still in the hot tables, whole (a bundle left on
+disk is written again next time); after, every run is in ``archived_runs`` and in a
+bundle that verified. The history's append-only trigger lets a run's events go only
+once the run is in ``archived_runs``. Batches are small and touch only ended runs, which
+no worker claims, so they hold nobody up; bundles are written on a thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from registry_coordinator.engine import audit, faults
+from registry_coordinator.engine.backoff import DATABASE_OUTAGE
+from registry_coordinator.engine.checkpoints import checkpoint
+from registry_coordinator.engine.config import RetentionConfig
+from registry_coordinator.engine.database import Database, Unavailable
+from registry_coordinator.semantics import bundles
+
+log = logging.getLogger(__name__)
+
+
+def bundle_path(run: uuid.UUID | str, ended_at: datetime) -> str:
+    """Where a run's bundle goes under the archive directory: by the month it ended."""
+    return f"{ended_at:%Y}/{ended_at:%m}/{run}.bundle.json"
+
+
+def _write_verified(path: Path, data: bytes, key: Ed25519PublicKey) -> str:
+    """Write ``data`` durably at ``path``, read it back and check it; its SHA-256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    partial.replace(path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    written = path.read_bytes()
+    bundles.check(written, key)  # Refused, and the run stays, if it does not prove itself
+    return hashlib.sha256(written).hexdigest()
+
+
+async def archive_batch(db: Database, retention: RetentionConfig, key: Ed25519PrivateKey) -> int:
+    """Archive up to ``retention.batch`` runs that are due; how many were."""
+    assert retention.archive_after is not None and retention.directory is not None
+    due = await db.rows(
+        "retention_due", {"after": retention.archive_after, "limit": retention.batch}
+    )
+    if not due:
+        return 0
+    await checkpoint(db, key)
+    runs, seqs, paths, digests = [], [], [], []
+    for row in due:
+        data = await audit.export(db, row["id"], key)
+        relative = bundle_path(row["id"], row["ended_at"])
+        digest = await trio.to_thread.run_sync(
+            _write_verified, retention.directory / relative, data, key.public_key()
+        )
+        runs.append(row["id"])
+        seqs.append(row["seq"])
+        paths.append(relative)
+        digests.append(digest)
+    faults.crash_point("archive-written")
+    async with db.connection() as conn, conn.transaction():
+        recorded = await conn.rows(
+            "retention_record",
+            {"runs": runs, "seqs": seqs, "bundles": paths, "sha256s": digests},
+        )
+        faults.crash_point("archive-recorded")
+        await conn.execute("retention_remove", {"runs": [r["id"] for r in recorded]})
+    faults.crash_point("archive-committed")
+    log.info("archived %d ended runs to %s", len(recorded), retention.directory)
+    return len(due)
+
+
+class Archiver:
+    """The nursery's service that archives ended runs; does nothing without a retention."""
+
+    def __init__(
+        self, db: Database, retention: RetentionConfig, key: Ed25519PrivateKey | None
+    ) -> None:
+        self.db = db
+        self.retention = retention
+        self.key = key
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        if self.retention.archive_after is None or self.key is None:
+            return
+        failures = 0
+        while True:
+            try:
+                archived = await archive_batch(self.db, self.retention, self.key)
+                failures = 0
+            except Unavailable as exc:
+                failures += 1
+                log.warning("archiver: database unavailable: %s", exc)
+                await trio.sleep(DATABASE_OUTAGE.pause(failures))
+                continue
+            except (OSError, bundles.Refused) as exc:
+                log.error("archiver: a bundle could not be written and verified: %s", exc)
+                archived = 0
+            # A full batch: more may be due, after the workers had their turn.
+            full = archived == self.retention.batch
+            await trio.sleep(0 if full else self.retention.every.total_seconds())
