@@ -10,6 +10,9 @@ not single absolute times). Everything runs for real: the embedded PostgreSQL 18
   timers      10,000 wait-untils due at one instant, in one second, over a minute
   idle        100,000 waiting runs beside 100: RSS, idle CPU, time to ready
   recovery    SIGKILL with 1,000 runs in flight, restarted on the same or another port
+  console     the console's runs page beside the API listing
+  chain       an event's hash chain on and off; checkpoints, verify and bundle size
+  checkpoints throughput with signed checkpoints and without
 """
 
 from __future__ import annotations
@@ -43,11 +46,13 @@ from tests.harness import (  # noqa: E402
     free_port,
     migrate,
     put_to_sleep,
+    signing,
     stand_ins,
     wait_for,
     write_config,
 )
 
+from registry_coordinator.engine.config import load_config  # noqa: E402
 from registry_coordinator.engine.database import sync_connection  # noqa: E402
 
 PGBENCH = PG_BIN / "pgbench"
@@ -206,17 +211,27 @@ def throughput(
 
 
 def _throughput_once(
-    cluster: Cluster, directory: Path, runs: int, processes: int, workers: int
+    cluster: Cluster,
+    directory: Path,
+    runs: int,
+    processes: int,
+    workers: int,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[float, int]:
-    """Seconds from the runs falling due to the last one ending, and step transitions."""
+    """Seconds from the runs falling due to the last one ending, and step transitions
+    (``extra``: more sections of the service's configuration)."""
     breg = free_port()
     connections = {"registry": connection("breg", breg, poolSize=max(4, workers * 2))}
     with (
         stand_ins(directory.with_suffix(".standins.log"), {"breg": breg}),
-        service(cluster, directory, ["bench-four"], workers=workers, connections=connections) as (
-            first,
-            dsn,
-        ),
+        service(
+            cluster,
+            directory,
+            ["bench-four"],
+            workers=workers,
+            connections=connections,
+            extra=extra,
+        ) as (first, dsn),
     ):
         others = [
             Service(on_another_port(first.config, f"process-{n}"), directory / f"process-{n}.log")
@@ -240,6 +255,26 @@ def _throughput_once(
             ).fetchone()
     assert row is not None
     return row["seconds"], row["steps"]
+
+
+def checkpointing(cluster: Cluster, directory: Path, runs: int, rounds: int) -> None:
+    """Throughput with signed checkpoints (every second, and as runs end) against without,
+    4 workers, the two interleaved in each round."""
+    print(f"checkpoints: {runs} runs of bench-four, 4 workers, with and without, {rounds} rounds")
+    figures: dict[str, list[float]] = {"without": [], "with": []}
+    for round_ in range(rounds):
+        for side, values in figures.items():
+            extra = signing(directory / f"keys-{round_}", every="PT1S") if side == "with" else {}
+            seconds, steps = _throughput_once(
+                cluster, directory / f"r{round_}-{side}", runs, 1, 4, extra
+            )
+            values.append(steps / seconds)
+            print(f"  round {round_ + 1}, {side:<7}: {steps / seconds:.0f} steps/s", flush=True)
+    without, signed = (statistics.median(v) for v in figures.values())
+    print(
+        f"  median steps/s: without {without:.0f}, with {signed:.0f} ({signed / without:.2f}x); "
+        f"spread without {min(figures['without']):.0f}-{max(figures['without']):.0f}"
+    )
 
 
 def on_another_port(config: Path, name: str) -> Path:
@@ -514,7 +549,7 @@ def chain(cluster: Cluster, directory: Path, count: int) -> None:
     under replication), interleaved; then how fast ``coordinator audit verify`` checks them."""
     print(f"chain: {count} runs of 5 events, inserted in one statement each way, 3 rounds")
     dsn = cluster.create_database()
-    config = write_config(directory, dsn, ["timed-choice"])
+    config = write_config(directory, dsn, ["timed-choice"], extra=signing(directory / "keys"))
     migrate(config)
     Service(config, directory / "service.log").wait_listening(60).stop()  # stores the pin
     insert = """
@@ -553,16 +588,50 @@ def chain(cluster: Cluster, directory: Path, count: int) -> None:
             f"  {side:<10} median {median:.2f} s, {median / events * 1e6:.1f} us per event,"
             f" {median / base:.2f}x"
         )
+    audit(config, directory, 3 * count, 3 * events)
+
+
+def _audit_command(*args: str | Path) -> tuple[float, str]:
+    """``coordinator audit ARGS``: seconds taken (the command's start included), its output."""
     started = time.perf_counter()
-    verified = subprocess.run(
-        [sys.executable, "-m", "registry_coordinator", "audit", "verify", "--config", str(config)],
+    done = subprocess.run(
+        [sys.executable, "-m", "registry_coordinator", "audit", *map(str, args)],
         capture_output=True,
         text=True,
         check=False,
     )
     took = time.perf_counter() - started
-    print(f"  audit verify: {verified.stdout.strip() or verified.stderr.strip()[-200:]}")
-    print(f"  in {took:.1f} s with the command's start: {3 * events / took:,.0f} events/s")
+    return took, (done.stdout.strip() or done.stderr.strip())[-200:]
+
+
+def audit(config: Path, directory: Path, runs: int, events: int) -> None:
+    """Checkpoints over ``runs`` new heads and over none, ``audit verify`` with them, and
+    the size of a bundle: what its events add per event, and what it holds besides."""
+    took, said = _audit_command("checkpoint", "--config", config, "--out", directory / "kept")
+    print(f"  checkpoint of {runs:,} new heads: {took:.1f} s with the command's start ({said})")
+    took, said = _audit_command("checkpoint", "--config", config, "--out", directory / "kept")
+    print(f"  checkpoint with nothing new (the steady scan): {took:.2f} s with the start")
+    took, said = _audit_command("verify", "--config", config)
+    print(f"  audit verify: {said}")
+    print(f"  in {took:.1f} s with the command's start: {events / took:,.0f} events/s")
+    with sync_connection(str(load_config(config).database.dsn)) as conn:
+        row = conn.execute("SELECT id FROM runs ORDER BY id LIMIT 1").fetchone()
+    assert row is not None
+    bundle = directory / "bundle.json"
+    _audit_command("export", "--config", config, "--run", str(row["id"]), "--out", bundle)
+    document = json.loads(bundle.read_bytes())
+    whole = bundle.stat().st_size
+    per_event = statistics.median(
+        len(json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode()) + 1
+        for e in document["events"]
+    )
+    artifact = len(document["artifact"].encode())
+    rest = whole - artifact - len(document["events"]) * per_event
+    print(
+        f"  bundle of a run of {len(document['events'])} events: {whole:,} bytes; each event "
+        f"adds {per_event:.0f} bytes (a 64-hex hash and its fields); the artifact "
+        f"{artifact:,} bytes; checkpoint, proof and framing {rest:,.0f}"
+    )
 
 
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
@@ -573,6 +642,7 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "recovery": lambda c, d, a: recovery(c, d, a.recovery),
     "console": lambda c, d, a: console(c, d, a.console_runs, a.console_requests),
     "chain": lambda c, d, a: chain(c, d, a.chain_runs),
+    "checkpoints": lambda c, d, a: checkpointing(c, d, a.runs, a.rounds),
 }
 
 

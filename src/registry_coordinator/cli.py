@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -131,6 +132,10 @@ def _audit_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     kept.add_argument("--out", type=Path, metavar="FILE", help="write it here to keep elsewhere")
     key = actions.add_parser("public-key", help="print the checkpoints' public key (PEM)")
     key.add_argument("--config", type=Path, required=True, metavar="FILE")
+    keygen = actions.add_parser(
+        "keygen", help="make an Ed25519 signing key for audit.signingKey; print its public key"
+    )
+    keygen.add_argument("--out", type=Path, required=True, metavar="FILE", help="never replaced")
 
 
 def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
@@ -485,6 +490,7 @@ def _audit(args: argparse.Namespace) -> int:
         "export": _audit_export,
         "checkpoint": _audit_checkpoint,
         "public-key": _audit_public_key,
+        "keygen": _audit_keygen,
     }
     return actions[args.audit](args)
 
@@ -693,6 +699,30 @@ def _audit_checkpoint(args: argparse.Namespace) -> int:
     else:
         _write_atomically(args.out, text.encode("utf-8"))
     print(f"checkpoint {made.number} ({made.at}) signs {made.leaves} heads", file=sys.stderr)
+    return ExitCode.OK
+
+
+def _audit_keygen(args: argparse.Namespace) -> int:
+    """A new signing key, readable by its owner only, written where none is; its public
+    key (PEM) on stdout, for auditors."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from registry_coordinator.semantics.checkpoints import public_pem
+
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    try:
+        descriptor = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise _AuditUsage(f"{args.out} exists, and a signing key is never replaced") from None
+    except OSError as exc:
+        raise _AuditUsage(f"cannot write {args.out}: {exc.strerror}") from None
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(pem)
+    sys.stdout.write(public_pem(key.public_key()))
     return ExitCode.OK
 
 

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -172,3 +173,30 @@ async def test_histories_written_before_the_chain_are_chained_by_the_upgrade(
         conn.execute("UPDATE runs SET seq = 3 WHERE id = %s", (made[0],))
     found = await _verify(dsn)
     assert (found.runs, found.events, found.breaks) == (2, 4, [])
+
+
+@pytest.mark.trio
+async def test_a_history_leaves_only_once_its_run_is_archived(dsn: str) -> None:
+    """The append-only rule has one way out, and only that one: a run recorded in
+    ``archived_runs`` (in the archiver's transaction) may have its events deleted."""
+    [kept, archived, *_] = await _histories(dsn)
+    refused = pytest.raises(psycopg.errors.RaiseException, match="append-only: DELETE")
+    with sync_connection(dsn) as conn, refused:
+        conn.execute("DELETE FROM run_events WHERE run_id = %s", (kept,))
+    refused = pytest.raises(psycopg.errors.RaiseException, match="append-only: UPDATE")
+    with sync_connection(dsn) as conn, refused:
+        conn.execute("UPDATE run_events SET actor = 'x' WHERE run_id = %s", (archived,))
+    with sync_connection(dsn) as conn:
+        conn.execute(
+            "INSERT INTO archived_runs SELECT r.id, r.digest, r.workflow_id, r.caller,"
+            " r.start_key, r.state, r.outcome, r.seq, e.hash, r.admitted_at, now(), now(),"
+            " 'b.json', repeat('0', 64) FROM runs r JOIN run_events e"
+            " ON e.run_id = r.id AND e.seq = r.seq WHERE r.id = %s",
+            (archived,),
+        )
+        gone = conn.execute("DELETE FROM run_events WHERE run_id = %s", (archived,)).rowcount
+        assert gone == 4
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only: UPDATE"):
+            conn.execute("UPDATE archived_runs SET bundle = 'elsewhere' WHERE id = %s", (archived,))
+    kept_events = await _verify(dsn, uuid.UUID(kept))
+    assert (kept_events.events, kept_events.breaks) == (4, [])

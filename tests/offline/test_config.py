@@ -4,21 +4,69 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine.config import load_config
 from tests.harness import ROOT, coordinator, refused
 
 
+def _pem(key: Ed25519PrivateKey | rsa.RSAPrivateKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+
+
 def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COORDINATOR_DATABASE_URL", "postgresql://coordinator@db/coordinator")
+    key = Ed25519PrivateKey.generate()
+    monkeypatch.setenv("COORDINATOR_AUDIT_KEY", _pem(key))
     config = load_config(ROOT / "config" / "coordinator.example.yaml")
     assert config.database.dsn == "postgresql://coordinator@db/coordinator"
     assert config.database.embedded is None
     assert config.engine.workers == 4
     assert config.workflows[0].artifact == ROOT / "artifacts" / "review-application-1.json"
+    assert config.audit.signing_key is not None
+    assert config.audit.signing_key.public_key() == key.public_key()
+    assert config.retention.archive_after == timedelta(days=90)
+    assert config.retention.directory == Path("/var/lib/registry-coordinator/archive")
+
+
+def test_checkpoints_need_an_ed25519_key_and_retention_needs_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOT_ED25519", _pem(rsa.generate_private_key(65537, 2048)))
+    path = tmp_path / "config.yaml"
+    base = "database: {embedded: {dataDirectory: pg}}\nworkflows: []\nauth: {mode: none}\n"
+    path.write_text(base + "audit: {signingKey: env:NOT_ED25519}\n")
+    with pytest.raises(Refused) as wrong:
+        load_config(path)
+    [problem] = wrong.value.diagnostics
+    assert problem.message == (
+        "audit signingKey cannot sign checkpoints: it is a RSAPrivateKey, not an Ed25519 key"
+    )
+    assert "openssl genpkey -algorithm ed25519" in problem.repair
+    path.write_text(base + "audit: {signingKey: hunter2}\n")
+    with pytest.raises(Refused) as literal:
+        load_config(path)
+    assert [d.code for d in literal.value.diagnostics] == ["config.secret-literal"]
+    path.write_text(base + "retention: {archiveAfter: P30D, directory: archive}\n")
+    with pytest.raises(Refused) as unsigned:
+        load_config(path)
+    [problem] = unsigned.value.diagnostics
+    assert "audit has no signingKey" in problem.message
+    path.write_text(base + "retention: {archiveAfter: P30D}\n")
+    with pytest.raises(Refused) as missing:
+        load_config(path)
+    assert any("directory" in d.message for d in missing.value.diagnostics)
 
 
 def test_every_problem_is_reported_at_once_with_its_line(tmp_path: Path) -> None:

@@ -46,5 +46,6 @@ def test_every_tutorial_command_runs_in_order() -> None:
         assert after[:3] == ["held", "reconciled", "waiting"], kinds
         assert after[-2:] == ["step-completed", "finished"], kinds
         assert set(after[3:-2]) <= {"result-delivered"}, kinds
+        assert re.search(r"bundle of run \S+: \d+ events chained, the first \d+ under", output)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

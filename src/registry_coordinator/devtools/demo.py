@@ -3,7 +3,8 @@
 The demo does what docs/tutorial.md shows by hand, with the same commands, and
 says each one as it runs it: package and pin the workflow, start the stand-in
 products and Coordinator (on the embedded PostgreSQL), start a run, follow it,
-have the stand-in reviewer approve, and print the run's history. Everything it
+have the stand-in reviewer approve, print the run's history, and export it as an
+auditor's bundle that is checked offline with the public key alone. Everything it
 keeps — database, artifact, configuration, keys, tokens, logs — lives in one
 directory, so a second demo continues where the first left off.
 
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.artifact import check_source, write
 from registry_coordinator.errors import CoordinatorError, ExitCode
@@ -142,11 +145,56 @@ class Demo:
                 ],
             },
             "console": {"clientId": "registry-console"},
+            "audit": {"signingKey": f"file:{self.audit_key()}"},
             "engine": {"workers": 4, "shutdownGrace": "PT5S"},
         }
         path = self.data / "coordinator.yaml"
         path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
         return path
+
+    def audit_key(self) -> Path:
+        """The checkpoints' signing key (made once, kept with the demo's data), and its
+        public half beside it for the auditor."""
+        private = self.data / "audit-key.pem"
+        if not private.exists():
+            key = Ed25519PrivateKey.generate()
+            private.touch(mode=0o600)
+            private.write_bytes(
+                key.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            )
+            (self.data / "audit-key.pub").write_bytes(
+                key.public_key().public_bytes(
+                    serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+                )
+            )
+        return private
+
+    def audit(self, config: Path, run_id: str) -> None:
+        """Export the run's bundle and check it as an auditor would, offline."""
+        say("\n7. For an auditor: the run's history, signed, checked without the database")
+        bundle = self.data / f"{run_id}.bundle.json"
+        public = self.data / "audit-key.pub"
+        steps: tuple[list[str | Path], ...] = (
+            ["audit", "export", "--config", config, "--run", run_id, "--out", bundle],
+            ["audit", "verify", "--bundle", bundle, "--public-key", public],
+        )
+        for words in steps:
+            command(*words)
+            done = subprocess.run(
+                [sys.executable, "-m", "registry_coordinator", *map(str, words)],
+                capture_output=True,
+                text=True,
+                env=self.environment,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise DemoFailed(f"coordinator {words[0]} {words[1]} failed: {done.stderr.strip()}")
+            for line in done.stdout.splitlines():
+                say(f"   {line}")
 
     def start(self, name: str, args: list[str], log: Path) -> None:
         process = subprocess.Popen(
@@ -335,6 +383,7 @@ def main(data: Path, workflows: Path, interactive: bool, keep_running: bool) -> 
         demo.start_products()
         demo.start_service(config)
         status = demo.run()
+        demo.audit(config, status["id"])
         outcome = f"{status['state']} {status.get('outcome') or ''}".strip()
         say(f"\nOutcome: {outcome} {json.dumps(status.get('output'))}")
         if keep_running:

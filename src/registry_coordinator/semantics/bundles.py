@@ -155,7 +155,11 @@ def check(data: bytes, key: Ed25519PublicKey) -> Proven:
     root = _mapping(document, _KEYS, "a bundle")
     if _text(root["format"], "format") != FORMAT:
         raise Refused(f"its format is {root['format']!r}, and this reads {FORMAT}")
-    if canonical(document) + "\n" != text:
+    try:
+        written = canonical(document) + "\n"
+    except RecursionError:  # a list in a list ... deeper than a bundle ever nests
+        raise Refused("it is not a bundle: it nests deeper than any bundle does") from None
+    if written != text:
         raise Refused("it is not in the canonical form it was written in: it was changed")
     run = _text(root["run"], "run", _UUID)
     events = _events(run, root["events"])
