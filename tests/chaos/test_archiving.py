@@ -65,7 +65,7 @@ def test_archiving_killed_at_every_point_loses_no_run(dsn: str, services: Servic
         ["chain"], lease="PT2S", extra={**signing(keys), "retention": retention}
     )
     first = services.start(config, crash_at="archive-written:1")
-    admitted = [first.start_run("chain", {"n": n}) for n in range(RUNS)]
+    admitted = [first.start_run("chain", {"n": n}, key=f"start-{n}") for n in range(RUNS)]
     assert first.process.wait(60) == -9, "archiving never reached archive-written"
     assert _where_each_run_is(dsn, archive, keys / "audit-key.pub", admitted) == 0
     assert len(list(archive.rglob("*.bundle.json"))) == BATCH  # written, not yet recorded
@@ -94,6 +94,22 @@ def test_archiving_killed_at_every_point_loses_no_run(dsn: str, services: Servic
     assert all(r["archived"]["sha256"] for r in listed["runs"])
     assert service.http.get("/v1/runs").json()["runs"] == []
     assert service.http.get("/v1/runs", params={"archived": "maybe"}).status_code == 400
+    again = service.http.post(  # a start retried after its run was archived: not started again
+        "/v1/runs",
+        json={"workflow": "chain", "input": {"n": 0}},
+        headers={"Idempotency-Key": "start-0"},
+    )
+    assert (again.status_code, again.json()["code"]) == (410, "run.archived"), again.text
+    assert again.json()["archived"] == problem["archived"]
+    other = service.http.post(
+        "/v1/runs",
+        json={"workflow": "chain", "input": {"n": 9}},
+        headers={"Idempotency-Key": "start-0"},
+    )
+    assert (other.status_code, other.json()["code"]) == (409, "run.key-reused"), other.text
+    assert other.json()["run"] == admitted[0]
+    with sync_connection(dsn) as conn:
+        assert (conn.execute("SELECT count(*) AS n FROM runs").fetchone() or {})["n"] == 0
 
     offline = coordinator(
         "audit", "verify", "--bundle", bundle, "--public-key", keys / "audit-key.pub"

@@ -102,6 +102,15 @@ class KeyReused(CoordinatorError):
         self.run_id = run_id
 
 
+class StartArchived(CoordinatorError):
+    """The caller's Idempotency-Key started a run, of the same start, that ended and was
+    archived: it is not started again."""
+
+    def __init__(self, row: Row) -> None:
+        super().__init__(str(row["id"]))
+        self.row = row
+
+
 class AdmissionHeld(CoordinatorError):
     """An operator holds admission: no new run is admitted."""
 
@@ -163,6 +172,11 @@ async def admit(
         return Admitted(run_id, True)
     existing = await db.row("run_by_start_key", {"caller": caller, "start_key": start_key})
     if existing is None:
+        archived = await db.row("archived_by_start_key", {"caller": caller, "start_key": start_key})
+        if archived is not None:
+            if archived["start_digest"] != started:
+                raise KeyReused(archived["id"])
+            raise StartArchived(archived)
         assert gate["held"], "a start is refused only when held, or for a key in use"
         raise AdmissionHeld(gate["reason"], gate["actor"])
     if existing["start_digest"] != started:

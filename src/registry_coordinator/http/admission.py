@@ -20,6 +20,7 @@ from registry_coordinator.engine import operator_actions, store
 from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.http.archive import gone
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import require_reason
@@ -109,6 +110,8 @@ async def start(
         raise Problem(
             503, "admission.held", f"new runs are not admitted: {held.reason} ({held.actor})"
         ) from None
+    except store.StartArchived as archived:
+        raise gone(archived.row) from None
     except store.KeyReused as reused:
         raise Problem(
             409,

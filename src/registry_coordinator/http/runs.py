@@ -19,6 +19,7 @@ from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.engine import store
 from registry_coordinator.engine.database import Row
 from registry_coordinator.http import admission, operations
+from registry_coordinator.http.archive import archived_status, gone
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
@@ -56,25 +57,6 @@ def run_status(row: Row) -> JSON:
     }
 
 
-def archived_status(row: Row) -> JSON:
-    """An archived run as the API shows it: what is left of it here, and its bundle."""
-    return {
-        "id": str(row["id"]),
-        "workflow": {"id": row["workflow_id"], "digest": row["digest"]},
-        "caller": row["caller"],
-        "state": row["state"],
-        "outcome": row["outcome"],
-        "admittedAt": instant(row["admitted_at"]),
-        "endedAt": instant(row["ended_at"]),
-        "head": row["head"],
-        "archived": {
-            "at": instant(row["archived_at"]),
-            "bundle": row["bundle"],
-            "sha256": row["sha256"],
-        },
-    }
-
-
 def _hold(row: Row) -> JSON:
     """Why a run is held, and the product's answer if one came back after its claim on
     the run was lost (the evidence ``reconcile`` uses)."""
@@ -109,14 +91,7 @@ async def visible_run(context: Context, who: Caller, run_id: str, action: str) -
         if row is None or not (who.operator or row["caller"] == who.client):
             raise _not_found(run_id)
         who.require(action, row["workflow_id"])
-        raise Problem(
-            410,
-            "run.archived",
-            f"run {run_id} ended {instant(row['ended_at'])} and was archived "
-            f"{instant(row['archived_at'])} to the bundle {row['bundle']} in the archive "
-            "directory: its history is there (coordinator audit verify --bundle)",
-            archived=archived_status(row)["archived"],
-        )
+        raise gone(row)
     if not (who.operator or row["caller"] == who.client):
         raise _not_found(run_id)
     who.require(action, row["workflow_id"])

@@ -58,6 +58,8 @@ WITH gate AS MATERIALIZED (
     SELECT %(id)s, %(digest)s, %(workflow_id)s, %(caller)s, %(start_key)s, %(start_digest)s,
            %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now()
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
+      AND NOT EXISTS (SELECT FROM archived_runs  -- a key is remembered past archiving
+                      WHERE caller = %(caller)s AND start_key = %(start_key)s)
     ON CONFLICT (caller, start_key) DO NOTHING
     RETURNING id, step, admitted_at
 ), evented AS (
@@ -69,6 +71,12 @@ SELECT (SELECT run_id FROM evented) AS run_id,
        (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
        gate.held, gate.reason, gate.actor
 FROM gate;
+
+-- name: archived_by_start_key
+-- The archived run a caller's Idempotency-Key started, the start it stood for, and its bundle.
+SELECT id, start_digest, digest, workflow_id, caller, state, outcome, admitted_at, ended_at,
+       archived_at, bundle, sha256
+FROM archived_runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
 
 -- name: run_by_start_key
 -- The run a caller's Idempotency-Key started, and the start it stands for.
@@ -724,9 +732,11 @@ LIMIT %(limit)s;
 
 -- name: retention_record
 -- Record runs as archived to their verified bundles, if they are still as exported.
-INSERT INTO archived_runs (id, digest, workflow_id, caller, start_key, state, outcome, seq,
-                           head, admitted_at, ended_at, archived_at, bundle, sha256)
-SELECT r.id, r.digest, r.workflow_id, r.caller, r.start_key, r.state, r.outcome, r.seq,
+INSERT INTO archived_runs (id, digest, workflow_id, caller, start_key, start_digest, state,
+                           outcome, seq, head, admitted_at, ended_at, archived_at, bundle,
+                           sha256)
+SELECT r.id, r.digest, r.workflow_id, r.caller, r.start_key, r.start_digest, r.state,
+       r.outcome, r.seq,
        e.hash, r.admitted_at, r.ended_at, now(), a.bundle, a.sha256
 FROM unnest(%(runs)s::uuid[], %(seqs)s::integer[], %(bundles)s::text[], %(sha256s)s::text[])
      AS a (id, seq, bundle, sha256)

@@ -41,6 +41,7 @@ CREATE TABLE archived_runs (
     workflow_id  text NOT NULL,
     caller       text NOT NULL,
     start_key    text NOT NULL,
+    start_digest text NOT NULL,   -- the start its key stands for: a retried start finds it
     state        text NOT NULL,
     outcome      text,
     seq          integer NOT NULL,
