@@ -105,8 +105,10 @@ async def _supervise(
 ) -> None:
     """The nursery: timer, listener, call pools, engine workers, lease keeper,
     checkpointer, archiver, HTTP."""
-    checkpointer = Checkpointer(db, config.audit.signing_key, config.audit.checkpoint_every)
-    metrics = Metrics(on_end=checkpointer.nudge)
+    metrics = Metrics()
+    audit = config.audit
+    checkpointer = Checkpointer(db, audit.signing_key, audit.checkpoint_every, metrics)
+    metrics.on_end = checkpointer.nudge
     timer = Timer(db, config.engine.sweep_interval, store.actor(owner), metrics)
     holdings = store.Holdings()
     engine = Engine(db, workflows, timer, products, config.engine, metrics, holdings, owner)
@@ -130,7 +132,7 @@ async def _supervise(
             await nursery.start(engine.keep_leases)
             await nursery.start(engine.run)
             await nursery.start(checkpointer.run)
-            await nursery.start(Archiver(db, config.retention, config.audit.signing_key).run)
+            await nursery.start(Archiver(db, config.retention, checkpointer, metrics).run)
             await nursery.start(auth.run)  # the key set is read once before callers are served
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))

@@ -111,6 +111,16 @@ def test_archiving_killed_at_every_point_loses_no_run(dsn: str, services: Servic
     with sync_connection(dsn) as conn:
         assert (conn.execute("SELECT count(*) AS n FROM runs").fetchone() or {})["n"] == 0
 
+    metrics = service.http.get("/metrics").text
+    archived_here = RUNS - BATCH  # the killed process archived the first batch
+    assert f"coordinator_runs_archived_total {archived_here}.0" in metrics, metrics
+    remote = coordinator("runs", "list", "--archived", "--url", service.url)
+    assert remote.returncode == 0, remote.stderr
+    assert f"{admitted[0]}  finished   chain  ended " in remote.stdout
+    assert f"archived to {problem['archived']['bundle']}" in remote.stdout
+    status = coordinator("runs", "status", admitted[0], "--url", service.url)
+    assert status.returncode == 1
+    assert problem["archived"]["bundle"] in status.stderr
     offline = coordinator(
         "audit", "verify", "--bundle", bundle, "--public-key", keys / "audit-key.pub"
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from registry_coordinator.engine import audit, migrations
+from registry_coordinator.engine import audit
 from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.chain import Event, canonical, event_hash, parse
 from tests.harness import Cluster, admit, database, migrate, write_config
@@ -143,39 +142,6 @@ async def test_a_history_changed_in_sql_is_found_naming_run_and_seq(
 
 
 @pytest.mark.trio
-async def test_histories_written_before_the_chain_are_chained_by_the_upgrade(
-    dsn: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """A database at schema 8 with histories, migrated to 9 by ``coordinator migrate``:
-    every history verifies, and events written after the upgrade go on the same chain."""
-    every = migrations.known()
-    monkeypatch.setattr(migrations, "known", lambda: every[:8])
-    async with database(dsn) as db:
-        made = [str((await admit(db, "act", {"recordId": f"o-{n}"}))[1]) for n in range(2)]
-    with sync_connection(dsn) as conn:
-        assert conn.execute("SELECT max(version) AS v FROM coordinator_migrations").fetchone() == {
-            "v": 8
-        }
-        conn.execute(
-            "INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)"
-            " VALUES (%s, 2, now(), 'note', 'invoke', 'before', '{\"x\": 1.50}')",
-            (made[0],),
-        )
-        conn.execute("UPDATE runs SET seq = 2 WHERE id = %s", (made[0],))
-    monkeypatch.setattr(migrations, "known", lambda: every)
-    migrate(write_config(tmp_path, dsn, ["act"]))  # the command, in its own process
-    with sync_connection(dsn) as conn:
-        conn.execute(
-            "INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)"
-            " VALUES (%s, 3, now(), 'note', 'invoke', 'after', '{}')",
-            (made[0],),
-        )
-        conn.execute("UPDATE runs SET seq = 3 WHERE id = %s", (made[0],))
-    found = await _verify(dsn)
-    assert (found.runs, found.events, found.breaks) == (2, 4, [])
-
-
-@pytest.mark.trio
 async def test_a_history_leaves_only_once_its_run_is_archived(dsn: str) -> None:
     """The append-only rule has one way out, and only that one: a run recorded in
     ``archived_runs`` (in the archiver's transaction) may have its events deleted."""
@@ -189,7 +155,8 @@ async def test_a_history_leaves_only_once_its_run_is_archived(dsn: str) -> None:
     with sync_connection(dsn) as conn:
         conn.execute(
             "INSERT INTO archived_runs SELECT r.id, r.digest, r.workflow_id, r.caller,"
-            " r.start_key, r.state, r.outcome, r.seq, e.hash, r.admitted_at, now(), now(),"
+            " r.start_key, r.start_digest, r.state, r.outcome, r.seq, e.hash, r.admitted_at,"
+            " now(), now(),"
             " 'b.json', repeat('0', 64) FROM runs r JOIN run_events e"
             " ON e.run_id = r.id AND e.seq = r.seq WHERE r.id = %s",
             (archived,),

@@ -140,6 +140,9 @@ def test_a_history_rewritten_with_every_hash_recomputed_is_caught_by_the_signed_
     service, _ = services.deploy(["notify"], NOTIFY, extra=signing(keys))
     runs = _finished(dsn, service, 3)
     _signed(dsn, runs)
+    metrics = service.http.get("/metrics").text
+    heads = re.search(r"^coordinator_checkpoint_heads_total (\S+)$", metrics, re.MULTILINE)
+    assert heads is not None and float(heads[1]) >= 3, metrics  # each run's last head, at least
     holds = coordinator("audit", "verify", "--config", service.config)
     assert holds.returncode == 0, holds.stdout + holds.stderr
     assert "every history holds its chain and its signed heads" in holds.stdout

@@ -58,6 +58,7 @@ REVERSALS: dict[int, str] = {
             FOR EACH ROW EXECUTE FUNCTION refuse_change();
         DROP FUNCTION history_leaves();
         DROP INDEX runs_ended;
+        DROP INDEX runs_by_update;
         DROP TABLE archived_runs;
         DROP TABLE audit_leaves;
         DROP TABLE audit_checkpoints;

@@ -175,7 +175,7 @@ async def export(db: Database, run: uuid.UUID, key: Ed25519PrivateKey) -> bytes:
         raise Unexportable(f"there is no run {run}")
     proof = await db.row("audit_run_proof", {"run": run})
     if proof is None or proof["seq"] < found["seq"]:
-        await checkpoint(db, key)
+        await checkpoint(db, key, runs=[run])
         proof = await db.row("audit_run_proof", {"run": run})
     assert proof is not None  # the checkpoint just made signs this run's head
     events = [_event(e) for e in await db.rows("audit_events", {"runs": [run]})]

@@ -7,18 +7,26 @@ processes that race for the same number both compute it, and the second insert f
 the number taken and writes nothing (its heads go into the next one). A head read a
 moment before a transition commits is still a true head: the next checkpoint has the
 newer one. Nothing here is on a run's path: a checkpoint that fails is made later.
+
+Waiting runs cost nothing: a scan looks only at runs updated since shortly before the
+previous scan (``runs_by_update``), :data:`MARGIN` earlier than it, for a transition
+committed just after a scan with an instant from just before it. Once an hour, and at
+start, a scan looks at every run, so that a head no window caught (a clock far off, a
+key configured after runs ended) is still signed.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.database import Database, Row, Unavailable
+from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, sign
 
 log = logging.getLogger(__name__)
@@ -27,6 +35,10 @@ log = logging.getLogger(__name__)
 LEAVES = 10_000
 #: How long after a run ends its checkpoint is made: ends close together share one.
 AFTER_END = 1.0
+#: How far before the previous scan a scan looks for changed runs.
+MARGIN = timedelta(seconds=10)
+#: How often a scan looks at every run rather than those changed lately.
+WHOLE = 3600.0
 
 
 def stored(row: Row) -> Checkpoint:
@@ -42,14 +54,22 @@ def stored(row: Row) -> Checkpoint:
     )
 
 
-async def checkpoint(db: Database, key: Ed25519PrivateKey) -> list[Checkpoint]:
-    """Sign every head that changed since the last checkpoint; the checkpoints made
-    (none when nothing changed, or when another process made the same one first)."""
+async def checkpoint(
+    db: Database,
+    key: Ed25519PrivateKey,
+    since: datetime | None = None,
+    runs: list[uuid.UUID] | None = None,
+) -> list[Checkpoint]:
+    """Sign every head that changed since the last checkpoint it was in — of the runs
+    updated ``since`` (None: of any), or of ``runs`` only; the checkpoints made (none
+    when nothing changed, or when another process made the same one first)."""
     made: list[Checkpoint] = []
     while True:
         last_row = await db.row("audit_last_checkpoint")
         last = stored(last_row) if last_row is not None else None
-        heads = await db.rows("audit_changed_heads", {"limit": LEAVES})
+        heads = await db.rows(
+            "audit_changed_heads", {"since": since, "runs": runs, "limit": LEAVES}
+        )
         if not heads:
             return made
         leaves = [Leaf(r["run"], r["seq"], bytes(r["hash"])) for r in heads]
@@ -82,11 +102,35 @@ async def checkpoint(db: Database, key: Ed25519PrivateKey) -> list[Checkpoint]:
 class Checkpointer:
     """The nursery's service that makes checkpoints; does nothing without a key."""
 
-    def __init__(self, db: Database, key: Ed25519PrivateKey | None, every: timedelta) -> None:
+    def __init__(
+        self, db: Database, key: Ed25519PrivateKey | None, every: timedelta, metrics: Metrics
+    ) -> None:
         self.db = db
         self.key = key
         self.every = every.total_seconds()
+        self.metrics = metrics
         self._ended = trio.Event()
+        self._scanned: datetime | None = None  # when the last scan began; None: never
+        self._whole_at = -float("inf")  # trio time of the last scan of every run
+
+    async def sign(self, runs: list[uuid.UUID] | None = None) -> list[Checkpoint]:
+        """Sign every head that changed (of ``runs`` only, if given), now; counted in the
+        metrics."""
+        assert self.key is not None, "nothing is signed without a key"
+        if runs is not None:
+            made = await checkpoint(self.db, self.key, runs=runs)
+        else:
+            began = datetime.now(UTC)
+            whole = self._scanned is None or trio.current_time() - self._whole_at >= WHOLE
+            since = None if whole or self._scanned is None else self._scanned - MARGIN
+            made = await checkpoint(self.db, self.key, since=since)
+            self._scanned = began
+            if whole:
+                self._whole_at = trio.current_time()
+        for signed in made:
+            self.metrics.checkpoints.inc()
+            self.metrics.checkpoint_heads.inc(signed.leaves)
+        return made
 
     def nudge(self) -> None:
         """A run ended: sign its head soon (within :data:`AFTER_END`)."""
@@ -104,7 +148,7 @@ class Checkpointer:
                 await trio.sleep(AFTER_END)  # the ends that come close together share one
             self._ended = trio.Event()
             try:
-                await checkpoint(self.db, self.key)
+                await self.sign()
                 failures = 0
                 next_at = trio.current_time() + self.every
             except Unavailable as exc:

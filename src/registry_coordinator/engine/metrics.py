@@ -27,11 +27,11 @@ _MAX_PENDING = 10_000
 
 
 class Metrics:
-    """This process's metrics. ``on_end`` is told whenever a run ends here (the
-    checkpointer signs ended runs' heads soon after)."""
+    """This process's metrics. ``on_end`` is told whenever a run ends here (the service
+    sets it to the checkpointer's nudge: ended runs' heads are signed soon after)."""
 
-    def __init__(self, on_end: Callable[[], None] = lambda: None) -> None:
-        self._on_end = on_end
+    def __init__(self) -> None:
+        self.on_end: Callable[[], None] = lambda: None
         r = self.registry = CollectorRegistry()
         self.runs_started = Counter(
             "coordinator_runs_started", "Runs admitted", ["workflow"], registry=r
@@ -89,6 +89,15 @@ class Metrics:
             ["connection", "status"],
             registry=r,
         )
+        self.checkpoints = Counter(
+            "coordinator_checkpoints", "Checkpoints signed by this process", registry=r
+        )
+        self.checkpoint_heads = Counter(
+            "coordinator_checkpoint_heads", "Run heads signed into checkpoints", registry=r
+        )
+        self.archived = Counter(
+            "coordinator_runs_archived", "Ended runs moved to verified bundles", registry=r
+        )
         self.listener = Gauge(
             "coordinator_listener_connected", "1 while the LISTEN connection is up", registry=r
         )
@@ -107,7 +116,7 @@ class Metrics:
     def ended(self, workflow: str, state: str, outcome: str) -> None:
         """A run ended in this process."""
         self.runs_ended.labels(workflow, state, outcome).inc()
-        self._on_end()
+        self.on_end()
 
     def woke(self, lateness: list[float]) -> None:
         """The timer took wait-untils on to their next step, each this many seconds late."""

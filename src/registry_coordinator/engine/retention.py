@@ -13,9 +13,12 @@ A batch goes in this order, and a kill between any two steps loses nothing:
 
 Killed before 3 commits, every run is still in the hot tables, whole (a bundle left on
 disk is written again next time); after, every run is in ``archived_runs`` and in a
-bundle that verified. The history's append-only trigger lets a run's events go only
-once the run is in ``archived_runs``. Batches are small and touch only ended runs, which
-no worker claims, so they hold nobody up; bundles are written on a thread.
+bundle that verified. A run's bundle is the same bytes whoever writes it (its events, its
+artifact, and the one checkpoint that signed its final head), so two processes archiving
+the same run write the same file, and the second records nothing. The history's
+append-only trigger lets a run's events go only once the run is in ``archived_runs``.
+Batches are small and touch only ended runs, which no worker claims, so they hold nobody
+up; bundles are written on a thread.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from registry_coordinator.engine import audit, faults
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
-from registry_coordinator.engine.checkpoints import checkpoint
+from registry_coordinator.engine.checkpoints import Checkpointer
 from registry_coordinator.engine.config import RetentionConfig
 from registry_coordinator.engine.database import Database, Unavailable
+from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.semantics import bundles
 
 log = logging.getLogger(__name__)
@@ -64,15 +68,18 @@ def _write_verified(path: Path, data: bytes, key: Ed25519PublicKey) -> str:
     return hashlib.sha256(written).hexdigest()
 
 
-async def archive_batch(db: Database, retention: RetentionConfig, key: Ed25519PrivateKey) -> int:
-    """Archive up to ``retention.batch`` runs that are due; how many were."""
+async def archive_batch(
+    db: Database, retention: RetentionConfig, checkpointer: Checkpointer, key: Ed25519PrivateKey
+) -> tuple[int, int]:
+    """Archive up to ``retention.batch`` runs that are due: how many were due, and how many
+    this call archived (another process may have archived some first)."""
     assert retention.archive_after is not None and retention.directory is not None
     due = await db.rows(
         "retention_due", {"after": retention.archive_after, "limit": retention.batch}
     )
     if not due:
-        return 0
-    await checkpoint(db, key)
+        return 0, 0
+    await checkpointer.sign([row["id"] for row in due])
     runs, seqs, paths, digests = [], [], [], []
     for row in due:
         data = await audit.export(db, row["id"], key)
@@ -94,27 +101,34 @@ async def archive_batch(db: Database, retention: RetentionConfig, key: Ed25519Pr
         await conn.execute("retention_remove", {"runs": [r["id"] for r in recorded]})
     faults.crash_point("archive-committed")
     log.info("archived %d ended runs to %s", len(recorded), retention.directory)
-    return len(due)
+    return len(due), len(recorded)
 
 
 class Archiver:
     """The nursery's service that archives ended runs; does nothing without a retention."""
 
     def __init__(
-        self, db: Database, retention: RetentionConfig, key: Ed25519PrivateKey | None
+        self,
+        db: Database,
+        retention: RetentionConfig,
+        checkpointer: Checkpointer,
+        metrics: Metrics,
     ) -> None:
         self.db = db
         self.retention = retention
-        self.key = key
+        self.checkpointer = checkpointer
+        self.metrics = metrics
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        if self.retention.archive_after is None or self.key is None:
+        key = self.checkpointer.key
+        if self.retention.archive_after is None or key is None:
             return
         failures = 0
         while True:
             try:
-                archived = await archive_batch(self.db, self.retention, self.key)
+                due, archived = await archive_batch(self.db, self.retention, self.checkpointer, key)
+                self.metrics.archived.inc(archived)
                 failures = 0
             except Unavailable as exc:
                 failures += 1
@@ -123,7 +137,7 @@ class Archiver:
                 continue
             except (OSError, bundles.Refused) as exc:
                 log.error("archiver: a bundle could not be written and verified: %s", exc)
-                archived = 0
+                due = 0
             # A full batch: more may be due, after the workers had their turn.
-            full = archived == self.retention.batch
+            full = due == self.retention.batch
             await trio.sleep(0 if full else self.retention.every.total_seconds())

@@ -50,6 +50,9 @@ def add_arguments(commands: Any) -> None:
     listing.add_argument("--workflow")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--cursor")
+    listing.add_argument(
+        "--archived", action="store_true", help="the runs retention archived, with their bundles"
+    )
     for name, what in (("status", "a run's status"), ("history", "a run's history")):
         action = actions.add_parser(name, parents=[common], help=what)
         action.add_argument("run")
@@ -146,6 +149,7 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
                     ("state", args.state),
                     ("workflow", args.workflow),
                     ("cursor", args.cursor),
+                    ("archived", "true" if args.archived else None),
                 )
                 if v
             }
@@ -163,7 +167,10 @@ def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> st
         return f"admission {'held' if answer['held'] else 'released'}: {answer['reason']}"
     if args.action == "list":
         lines = [
-            f"{r['id']}  {r['state']:<9}  {r['workflow']['id']}@{r['workflow']['version']}"
+            f"{r['id']}  {r['state']:<9}  {r['workflow']['id']}  ended {r['endedAt']}"
+            f"  archived to {r['archived']['bundle']}"
+            if "archived" in r
+            else f"{r['id']}  {r['state']:<9}  {r['workflow']['id']}@{r['workflow']['version']}"
             f"  {r['step']}  {r['admittedAt']}"
             for r in answer["runs"]
         ]

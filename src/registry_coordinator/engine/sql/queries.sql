@@ -649,11 +649,14 @@ FROM audit_checkpoints ORDER BY number DESC LIMIT 1;
 -- name: audit_changed_heads
 -- The heads of runs whose seq is past their latest checkpointed one, in run id order.
 --
--- With the instant of this snapshot, for the checkpoint that signs them.
+-- Of the runs updated since %(since)s (by runs_by_update; NULL: every run), or of
+-- %(runs)s only (NULL: any). With the instant of this snapshot, for the checkpoint.
 SELECT r.id::text AS run, r.seq, e.hash, rfc3339(now()) AS now
 FROM runs r
 JOIN run_events e ON e.run_id = r.id AND e.seq = r.seq
-WHERE r.seq > coalesce(
+WHERE (%(since)s::timestamptz IS NULL OR r.updated_at >= %(since)s)
+  AND (%(runs)s::uuid[] IS NULL OR r.id = ANY (%(runs)s::uuid[]))
+  AND r.seq > coalesce(
     (SELECT l.seq FROM audit_leaves l WHERE l.run_id = r.id ORDER BY l.checkpoint DESC LIMIT 1),
     0)
 ORDER BY r.id
@@ -742,6 +745,7 @@ FROM unnest(%(runs)s::uuid[], %(seqs)s::integer[], %(bundles)s::text[], %(sha256
      AS a (id, seq, bundle, sha256)
 JOIN runs r ON r.id = a.id AND r.seq = a.seq AND r.ended_at IS NOT NULL
 JOIN run_events e ON e.run_id = r.id AND e.seq = r.seq
+ON CONFLICT DO NOTHING  -- another process archived it first, to the same bundle
 RETURNING id;
 
 -- name: retention_remove

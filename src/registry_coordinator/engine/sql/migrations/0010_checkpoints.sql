@@ -56,6 +56,10 @@ CREATE TABLE archived_runs (
 CREATE TRIGGER archived_runs_append_only BEFORE UPDATE OR DELETE ON archived_runs
     FOR EACH ROW EXECUTE FUNCTION refuse_change();
 
+-- Runs by their last change: the checkpointer looks only at runs changed since its last
+-- look, so waiting runs cost it nothing.
+CREATE INDEX runs_by_update ON runs (updated_at);
+
 -- Ended runs oldest first, for retention; ended_at is written once, so this costs no
 -- transition anything.
 CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
