@@ -367,13 +367,21 @@ def test_an_unknown_or_missing_field_is_refused(
     assert refused(respelled(document)).startswith(f"{named} must have exactly the fields ")
 
 
-@given(bundles_of(), st.data())
-def test_a_history_rewritten_with_every_hash_recomputed_is_refused(
-    bundle: Bundle, data: st.DataObject
-) -> None:
-    """The chain holds after the rewrite, since every hash was made again; the head the
-    checkpoint signed is no longer the head the history leads to."""
-    seq = data.draw(st.integers(1, bundle.seq), label="rewritten event")
+def _written(bundle: Bundle, events: list[Event]) -> bytes:
+    """The bundle's bytes with ``events`` in place of its own, all else kept."""
+    return bundles.write(
+        bundle.run,
+        events,
+        bundle.artifact,
+        bundle.checkpoint,
+        bundle.seq,
+        bundle.index,
+        bundle.path,
+    )
+
+
+def _rewritten(bundle: Bundle, seq: int) -> list[Event]:
+    """The bundle's history with event ``seq``'s detail changed and every hash recomputed."""
     events = [
         (
             e.at,
@@ -384,17 +392,19 @@ def test_a_history_rewritten_with_every_hash_recomputed_is_refused(
         )
         for e in bundle.events
     ]
-    rewritten = chained(bundle.run, events)
+    return chained(bundle.run, events)
+
+
+@given(bundles_of(), st.data())
+def test_a_history_rewritten_with_every_hash_recomputed_is_refused(
+    bundle: Bundle, data: st.DataObject
+) -> None:
+    """The chain holds after the rewrite, since every hash was made again; the head the
+    checkpoint signed is no longer the head the history leads to."""
+    seq = data.draw(st.integers(1, bundle.seq), label="rewritten event")
+    rewritten = _rewritten(bundle, seq)
     assert first_break(bundle.run, rewritten, len(rewritten)) is None
-    forged = bundles.write(
-        bundle.run,
-        rewritten,
-        bundle.artifact,
-        bundle.checkpoint,
-        bundle.seq,
-        bundle.index,
-        bundle.path,
-    )
+    forged = _written(bundle, rewritten)
     assert refused(forged) == (
         f"the proof does not lead from event {bundle.seq}'s hash to checkpoint "
         f"{bundle.checkpoint.number}'s root"
@@ -422,26 +432,7 @@ def test_events_after_the_signed_one_are_only_chained(bundle: Bundle, data: st.D
     """What a bundle does not prove, so that Proven.signed is read for what it is: events
     after the signed one may be rewritten, hashes and all, and the bundle still holds."""
     seq = data.draw(st.integers(bundle.seq + 1, len(bundle.events)), label="rewritten event")
-    events = [
-        (
-            e.at,
-            e.kind,
-            e.step,
-            e.actor,
-            {**e.detail, "rewritten": True} if e.seq == seq else e.detail,
-        )
-        for e in bundle.events
-    ]
-    rewritten = chained(bundle.run, events)
-    forged = bundles.write(
-        bundle.run,
-        rewritten,
-        bundle.artifact,
-        bundle.checkpoint,
-        bundle.seq,
-        bundle.index,
-        bundle.path,
-    )
+    forged = _written(bundle, _rewritten(bundle, seq))
     assert bundles.check(forged, PUBLIC).signed == bundle.seq
 
 

@@ -432,18 +432,20 @@ async def archived_page(
 ) -> list[Row]:
     """Up to ``limit`` archived runs, newest first, admitted before the cursor ``after``
     (of ``which``, only the caller, readable workflows, state and workflow apply)."""
-    return await db.rows(
-        "list_archived",
-        {
-            "caller": which.caller,
-            "readable": None if which.readable is None else sorted(which.readable),
-            "state": which.state,
-            "workflow": which.workflow,
-            "after_at": after[0],
-            "after_id": after[1],
-            "limit": limit,
-        },
-    )
+    return await db.rows("list_archived", {**_visible(which, after), "limit": limit})
+
+
+def _visible(which: RunFilter, after: tuple[datetime, uuid.UUID]) -> dict[str, Any]:
+    """The parameters both listings share: whose runs, of which workflows, which state and
+    workflow, after which cursor."""
+    return {
+        "caller": which.caller,
+        "readable": None if which.readable is None else sorted(which.readable),
+        "state": which.state,
+        "workflow": which.workflow,
+        "after_at": after[0],
+        "after_id": after[1],
+    }
 
 
 async def history(db: Database, run_id: uuid.UUID) -> list[Row]:
@@ -488,17 +490,12 @@ async def runs_page(
     return await db.rows(
         "list_runs",
         {
-            "caller": which.caller,
-            "readable": None if which.readable is None else sorted(which.readable),
-            "state": which.state,
-            "workflow": which.workflow,
+            **_visible(which, after),
             "version": which.version,
             "started_by": which.started_by,
             "since": which.since,
             "until": which.until,
             "contains": _containing(which.text),
-            "after_at": after[0],
-            "after_id": after[1],
             "limit": limit,
         },
     )

@@ -21,7 +21,7 @@ whoever writes them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -150,25 +150,34 @@ class UnusableKey(ValueError):
     """A signing or public key that cannot be used, with why."""
 
 
+def _loaded(load: Callable[[], object], kind: type, what: str) -> object:
+    """The key ``load`` reads, which must be of ``kind``; UnusableKey saying why not."""
+    try:
+        key = load()
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise UnusableKey(f"it is not {what} ({exc})") from None
+    if not isinstance(key, kind):
+        raise UnusableKey(f"it is a {type(key).__name__.removeprefix('_')}, not an Ed25519 key")
+    return key
+
+
 def signing_key(pem: str) -> Ed25519PrivateKey:
     """The Ed25519 private key in PEM text (``openssl genpkey -algorithm ed25519``)."""
-    try:
-        key = serialization.load_pem_private_key(pem.encode("utf-8"), password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise UnusableKey(f"it is not an unencrypted PEM private key ({exc})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise UnusableKey(f"it is a {type(key).__name__.removeprefix('_')}, not an Ed25519 key")
+    key = _loaded(
+        lambda: serialization.load_pem_private_key(pem.encode("utf-8"), password=None),
+        Ed25519PrivateKey,
+        "an unencrypted PEM private key",
+    )
+    assert isinstance(key, Ed25519PrivateKey)  # _loaded saw to it
     return key
 
 
 def public_key(pem: bytes) -> Ed25519PublicKey:
     """The Ed25519 public key in PEM text (``openssl pkey -pubout``)."""
-    try:
-        key = serialization.load_pem_public_key(pem)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise UnusableKey(f"it is not a PEM public key ({exc})") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise UnusableKey(f"it is a {type(key).__name__.removeprefix('_')}, not an Ed25519 key")
+    key = _loaded(
+        lambda: serialization.load_pem_public_key(pem), Ed25519PublicKey, "a PEM public key"
+    )
+    assert isinstance(key, Ed25519PublicKey)  # _loaded saw to it
     return key
 
 
