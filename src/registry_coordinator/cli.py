@@ -11,8 +11,10 @@ it, so the offline authoring commands start quickly.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import socket
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -275,7 +277,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "review": _review,
     }[args.command]
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a pipe closed early fails here, if not before
+        return code
+    except BrokenPipeError:
+        # Whoever reads stdout stopped (`| head`, `| grep -q`): that ends the command,
+        # quietly and as a success, and Python's own flush at exit must not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.OK
     except Refused as refused:  # every reason, each on its line with its position
         _print_diagnostics(refused.diagnostics)
         return refused.exit_code
@@ -450,6 +459,32 @@ def _graph(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+class PortInUse(CoordinatorError):
+    """An address to listen on is taken by another process."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+def _free(host: str, port: int, given: str, repair: str) -> None:
+    """Refuse, in one line, an address another process listens on, before anything is
+    started: a bind from the service's nursery would fail only after PostgreSQL started,
+    and in an exception group. (Taken between this check and that bind, it still fails
+    there.) Like hypercorn's, the probe reuses an address left in TIME_WAIT."""
+    if port == 0:
+        return
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise PortInUse(
+                f"{host}:{port} is in use by another process ({given}): stop it, or {repair}"
+            ) from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from registry_coordinator.engine.config import load_config
     from registry_coordinator.engine.workflows import Workflows
@@ -459,6 +494,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     workflows = Workflows.load(config.workflows, str(config.file))
     workflows.check_bindings(config.connections, str(config.file))
+    where = f"listen.host, listen.port in {config.file}"
+    _free(config.host, config.port, where, "give listen.port another port")
     return _run_service(lambda: serve(config, workflows))
 
 
@@ -809,8 +846,6 @@ def _lifetime_cap(config_file: Path | None) -> tuple[timedelta, str]:
 
 
 def _stand_ins(args: argparse.Namespace) -> int:
-    import os
-
     import trio
 
     from registry_coordinator.devtools.standins import (
@@ -855,6 +890,10 @@ def _stand_ins(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.USAGE
+    for name, port in ports.items():
+        _free("127.0.0.1", port, f"--product {name}={port}", "give another port")
+    if args.issuer is not None:
+        _free("127.0.0.1", args.issuer, f"--issuer {args.issuer}", "give another port")
     token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
     secret = os.environ.get("STANDIN_WEBHOOK_SECRET", "stand-in-webhook-secret")
     hooks = {
@@ -934,8 +973,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
-    import os
-
     import httpx
 
     token = os.environ.get("STANDIN_TOKEN", "stand-in-token")

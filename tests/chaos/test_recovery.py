@@ -250,11 +250,11 @@ def test_a_restarted_process_takes_over_its_predecessors_claims_at_once(
     products.faults("breg")
     killed = time.monotonic()
     again = services.start(service.config, service.log)
-    wait_all_ended(dsn, timeout=30)
+    assert "took over 5 claims left by the previous process" in again.log.read_text()
+    wait_all_ended(dsn, timeout=50)  # the claims' lease of 60 s has not run out
     took = time.monotonic() - killed
     assert {again.status(run)["outcome"] for run in runs} == {"found"}
     print(f"5 runs killed mid-read finished {took:.1f} s after the kill (lease 60 s)")
-    assert took < 15, took
 
 
 def test_claims_are_taken_over_only_when_no_session_of_their_holder_is_left(

@@ -16,7 +16,7 @@ from registry_coordinator.engine.config import DEFAULT_MAX_LIFETIME
 from registry_coordinator.engine.migrations import SchemaMismatch
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path
-from tests.harness import CORPUS, WORKFLOWS, coordinator, write_config
+from tests.harness import CORPUS, ROOT, WORKFLOWS, coordinator, write_config
 
 
 def test_usage_errors_exit_2() -> None:
@@ -42,9 +42,29 @@ def test_graph_mermaid() -> None:
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert lines[0] == "flowchart TD"
-    assert "  start(( )) --> read_application" in lines
-    assert '  route -->|"steps.await_decision.decision == #quot;approved#quot;"| notify' in lines
-    assert '  await_decision -.->|"on-timeout"| not_decided' in lines
+    assert "  entry(( )) --> step_read_application" in lines
+    assert (
+        '  step_route -->|"steps.await_decision.decision == #quot;approved#quot;"| step_notify'
+        in lines
+    )
+    assert '  step_await_decision -.->|"on-timeout"| step_not_decided' in lines
+
+
+def test_graph_mermaid_names_nodes_apart_from_its_keywords_and_its_entry(tmp_path: Path) -> None:
+    """Steps named ``start`` and ``end``: the first is not the entry point's node, and the
+    second is not Mermaid's keyword that ends a subgraph."""
+    source = (ROOT / "tests" / "workflows" / "chain.yaml").read_text()
+    renamed = tmp_path / "workflow.yaml"
+    renamed.write_text(
+        source.replace("start: now", "start: start")
+        .replace("now:", "start:")
+        .replace("even_check", "end")
+    )
+    assert coordinator("check", renamed).returncode == 0
+    lines = coordinator("graph", renamed).stdout.splitlines()
+    assert "  entry(( )) --> step_start" in lines
+    assert any(line.startswith("  step_end{") for line in lines), lines
+    assert not any(line.split()[:1] in (["start"], ["end"]) for line in lines), lines
 
 
 def test_demo_outside_the_project_says_where_the_workflows_are(tmp_path: Path) -> None:

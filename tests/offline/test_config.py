@@ -14,7 +14,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine.config import load_config
-from tests.harness import ROOT, coordinator, refused
+from registry_coordinator.engine.workflows import Workflows
+from tests.harness import ROOT, coordinator, package, refused
 
 
 def _pem(key: Ed25519PrivateKey | rsa.RSAPrivateKey) -> str:
@@ -29,7 +30,13 @@ def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("COORDINATOR_DATABASE_URL", "postgresql://coordinator@db/coordinator")
     key = Ed25519PrivateKey.generate()
     monkeypatch.setenv("COORDINATOR_AUDIT_KEY", _pem(key))
+    for name in ("COORDINATOR_CLIENT_SECRET", "CASEWORK_TOKEN", "MESSAGING_TOKEN"):
+        monkeypatch.setenv(name, "a-secret")
+    for name in ("CASEWORK_WEBHOOK_SECRET", "MESSAGING_WEBHOOK_SECRET"):
+        monkeypatch.setenv(name, "a-webhook-secret")
     config = load_config(ROOT / "config" / "coordinator.example.yaml")
+    assert sorted(config.connections) == ["applications", "notices", "reviews"]
+    assert {c.product for c in config.connections.values()} == {"breg", "casework", "messaging"}
     assert config.database.dsn == "postgresql://coordinator@db/coordinator"
     assert config.database.embedded is None
     assert config.engine.workers == 4
@@ -148,3 +155,29 @@ def test_reading_the_configuration_loads_no_event_loop_nor_its_database_layer() 
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_connection_bound_to_no_product_kind_asks_did_you_mean(tmp_path: Path) -> None:
+    """``product: bregg`` is a typo, not another product: the refusal says which it meant."""
+    artifact, digest = package("notify", tmp_path / "artifacts")
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "database: {embedded: {dataDirectory: pg}}\n"
+        f"workflows: [{{artifact: {artifact}, digest: '{digest}'}}]\n"
+        "auth: {mode: none}\n"
+        "connections:\n"
+        "  notices: {product: messagingg, baseUrl: 'http://127.0.0.1:1',"
+        " identity: {bearer: env:STANDIN_TOKEN}}\n"
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("STANDIN_TOKEN", "t")
+        config = load_config(path)
+    workflows = Workflows.load(config.workflows, str(path))
+    with pytest.raises(Refused) as refused:
+        workflows.check_bindings(config.connections, str(path))
+    [problem] = refused.value.diagnostics
+    assert problem.message == (
+        "notify version 1 needs connection 'notices' to be messaging, but it is bound to "
+        "'messagingg', which is no product kind"
+    )
+    assert problem.repair == "did you mean product: messaging?"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -26,27 +27,23 @@ def test_the_demo_ends_approved_and_notified_and_runs_again(tmp_path: Path) -> N
     assert not (data / "pgdata" / "postmaster.pid").exists()  # PostgreSQL was stopped
 
 
-def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
-    tmp_path: Path,
-) -> None:
-    data = tmp_path / "demo"
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "registry_coordinator",
-            "demo",
-            "--data",
-            str(data),
-            "--interactive",
-            "--keep-running",
-        ],
+def _demo(data: Path, *flags: str) -> subprocess.Popen[str]:
+    """``coordinator demo`` in ``data``, its output (both streams) to read line by line."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "registry_coordinator", "demo", "--data", str(data), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         cwd=ROOT,
         env=process_env(),
     )
+
+
+def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "demo"
+    demo = _demo(data, "--interactive", "--keep-running")
     assert demo.stdout is not None
     lines: list[str] = []
     url = None
@@ -96,4 +93,38 @@ def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
         raise AssertionError("the service still answers after Ctrl-C")
     except httpx.TransportError:
         pass
+    assert not (data / "pgdata" / "postmaster.pid").exists()
+
+
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+    """As a supervisor or `timeout` stops it: the service, its PostgreSQL and the stand-ins
+    go with the demo, as they do on Ctrl-C."""
+    data = tmp_path / "demo"
+    demo = _demo(data, "--keep-running")
+    assert demo.stdout is not None
+    lines: list[str] = []
+    url = None
+    try:
+        while not lines or "Still running" not in lines[-1]:
+            line = demo.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+            if "ready at " in line:
+                url = line.split("ready at ")[1].strip()
+        assert url is not None and httpx.get(f"{url}/health").status_code == 200
+        printed = "".join(lines)
+        ports = re.findall(r"--product=\w+=(\d+)", printed) + re.findall(r"--issuer=(\d+)", printed)
+        assert len(ports) == 4, printed
+        products = [f"http://127.0.0.1:{port}/" for port in ports]
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(60) == 143, "".join(lines)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    for address in [f"{url}/health", *products]:
+        try:
+            httpx.get(address, timeout=2)
+            raise AssertionError(f"{address} still answers after SIGTERM")
+        except httpx.TransportError:
+            pass
     assert not (data / "pgdata" / "postmaster.pid").exists()

@@ -301,14 +301,10 @@ def test_an_idle_service_stops_promptly_on_sigterm(services: Services) -> None:
     """Parked workers and an idle timer do not hold up a shutdown: the service exits long
     before its grace period (a minute here) would have run out."""
     config = services.configure(["timed-choice"], workers=4, grace="PT60S")
-    took = []
     for _ in range(4):
         service = services.start(config)
         time.sleep(0.2)  # every worker parked, idle
-        started = time.monotonic()
-        assert service.stop() == 0
-        took.append(time.monotonic() - started)
-    assert max(took) < 30, took
+        assert service.stop() == 0  # within the harness's 20 s, a third of the grace
 
 
 def test_an_idle_service_outlives_a_database_outage(

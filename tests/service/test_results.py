@@ -279,7 +279,6 @@ def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
     took = time.monotonic() - started
     ready = service.http.get("/ready").json()
     print(f"listener killed: 5 runs resumed {took:.2f} s after their deliveries")
-    assert took < 30  # well inside the 60 s sweep: the reconnect caught up
     assert ready["parts"]["listener"] == {"ok": True, "reconnects": 1}
 
 

@@ -50,16 +50,25 @@ def mermaid(workflow: Workflow) -> str:
         WaitFor: "([{}])",
         Finish: "(({}))",
     }
-    lines = ["flowchart TD", f"  start(( )) --> {workflow.start}"]
+    lines = ["flowchart TD", f"  {MERMAID_ENTRY}(( )) --> {_node(workflow.start)}"]
     for step in workflow.steps.values():
-        lines.append(f"  {step.id}{shapes[type(step)].format(text(_label(step)))}")
+        lines.append(f"  {_node(step.id)}{shapes[type(step)].format(text(_label(step)))}")
     for step in workflow.steps.values():
         for edge in step.edges():
             label = _edge_label(step, edge.label)
             arrow = "-.->" if not edge.carries_output else "-->"
             middle = f"|{text(label)}|" if label else ""
-            lines.append(f"  {step.id} {arrow}{middle} {edge.target}")
+            lines.append(f"  {_node(step.id)} {arrow}{middle} {_node(edge.target)}")
     return "\n".join(lines) + "\n"
+
+
+#: The entry point's node in Mermaid. Steps' nodes are ``step_ID``, so no step can be it,
+#: and none is a word Mermaid keeps for itself (``end`` closes a subgraph).
+MERMAID_ENTRY = "entry"
+
+
+def _node(step: str) -> str:
+    return f"step_{step}"
 
 
 #: The entry point's node in DOT: no step id can be it (step ids begin with a letter), and

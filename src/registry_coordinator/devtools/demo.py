@@ -365,6 +365,14 @@ def narrate(event: dict[str, Any]) -> str:
     return f"{step}: {kind} {json.dumps(detail)}"
 
 
+class Terminated(Exception):
+    """SIGTERM came: a supervisor, or ``timeout``, stops the demo."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(data: Path, workflows: Path, interactive: bool, keep_running: bool) -> int:
     if not (workflows / WORKFLOW / "workflow.yaml").is_file():
         print(
@@ -373,6 +381,7 @@ def main(data: Path, workflows: Path, interactive: bool, keep_running: bool) -> 
             file=sys.stderr,
         )
         return 2
+    signal.signal(signal.SIGTERM, _terminated)  # stops everything, as Ctrl-C does
     demo = Demo(data, workflows, interactive)
     say("Registry Coordinator demo: review an application and send an approval notice")
     say(f"Everything the demo keeps is in {demo.data}\n")
@@ -404,5 +413,9 @@ def main(data: Path, workflows: Path, interactive: bool, keep_running: bool) -> 
     except KeyboardInterrupt:
         say("\nStopping ...")
         return 130
+    except Terminated:
+        say("\nStopping (SIGTERM) ...")
+        return 128 + signal.SIGTERM
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut the stop short
         demo.stop()

@@ -40,6 +40,7 @@ import trio
 
 from registry_coordinator import __version__
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.workflow import Call, WaitFor
 from registry_coordinator.engine import logs, store
 from registry_coordinator.engine.backoff import ANSWER_RECORDING
@@ -130,6 +131,21 @@ class Product:
         )
         self.credentials: Credentials = credentials(config.identity, token_client)
 
+    def _trouble(self, exc: httpx.HTTPError) -> str:
+        """What went wrong on the way, in words an operator can act on: httpx's timeouts
+        carry no text of their own, so say which limit ran out."""
+        config = self.config
+        limits = {
+            httpx.ConnectTimeout: f"no connection within connectTimeout "
+            f"{format_duration(config.connect_timeout)}",
+            httpx.ReadTimeout: f"nothing came back within requestTimeout "
+            f"{format_duration(config.request_timeout)}",
+            httpx.WriteTimeout: f"the request could not be sent within requestTimeout "
+            f"{format_duration(config.request_timeout)}",
+        }
+        said = next((text for kind, text in limits.items() if isinstance(exc, kind)), str(exc))
+        return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
     def url(self, target: str) -> str:
         return self.config.base_url + target
 
@@ -188,7 +204,7 @@ class Product:
         except httpx.HTTPError as exc:
             refused = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
             kind = ReplyKind.NOT_SENT if refused or sending.never_left else ReplyKind.LOST
-            return Reply(kind, detail=f"{type(exc).__name__}: {exc}")
+            return Reply(kind, detail=self._trouble(exc))
         self.latency = 0.8 * self.latency + 0.2 * (trio.current_time() - started)
         return reply
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from registry_coordinator.authoring.artifact import load, load_file
 from registry_coordinator.authoring.canonical import digest_of
+from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Diagnostic, Refused
 from registry_coordinator.engine import store
@@ -94,12 +95,17 @@ class Workflows:
                         )
                     )
                 elif bound.product != kind:
+                    known = set(builtin_catalog().products) | set(workflow.connections.values())
+                    unknown = "" if bound.product in known else ", which is no product kind"
                     problems.append(
                         Diagnostic(
                             "config.connection-kind",
                             f"{workflow.id} version {workflow.version} needs connection "
-                            f"{name!r} to be {kind}, but it is bound to {bound.product}",
-                            f"bind {name} to a {kind} product, or rename the connection",
+                            f"{name!r} to be {kind}, but it is bound to {bound.product!r}"
+                            f"{unknown}",
+                            f"did you mean product: {kind}?"
+                            if unknown
+                            else f"bind {name} to a {kind} product, or rename the connection",
                             config_file,
                         )
                     )

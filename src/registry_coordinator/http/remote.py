@@ -13,6 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -87,6 +88,14 @@ def run(args: argparse.Namespace) -> int:
             )
             return ExitCode.USAGE
         headers["Authorization"] = f"Bearer {token}"
+    parts = urlsplit(args.url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        print(
+            f"coordinator: --url {args.url!r} is not the service's http or https URL, "
+            "e.g. http://127.0.0.1:8080",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
     try:
         request = _request(args)
     except ValueError as exc:
