@@ -50,7 +50,8 @@ def test_metrics_parse_and_move_with_runs(dsn: str, services: Services) -> None:
     assert after[("coordinator_runs", (("state", "waiting"),))] == 0
     calls = (
         "coordinator_call_duration_seconds_count",
-        (("connection", "notices"), ("operation", "send"), ("result", "2xx")),
+        # the catalog's operation, not the step that called it
+        (("connection", "notices"), ("operation", "submit-message"), ("result", "2xx")),
     )
     assert after[calls] == 3
     assert after[("coordinator_timer_lateness_seconds_count", ())] >= 1

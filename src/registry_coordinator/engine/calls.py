@@ -365,8 +365,10 @@ class Calls:
                     await trio.lowlevel.checkpoint_if_cancelled()
                     started = trio.current_time()
                     reply = await product.send(request, url, authorization, sending)
+                    step = definition.step(run.step)
+                    assert isinstance(step, Call)  # only a call step sends a request
                     self.metrics.calls.labels(
-                        product.config.name, run.step, _result_class(reply)
+                        product.config.name, step.operation, _result_class(reply)
                     ).observe(trio.current_time() - started)
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
                 committed = await self._settle_persistently(definition, run, reply)
