@@ -92,6 +92,12 @@ def _authoring_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     graph.add_argument("path", type=Path, metavar="PATH")
     graph.add_argument("--format", choices=["mermaid", "dot"], default="mermaid")
 
+    catalog = commands.add_parser(
+        "catalog", help="the products' operations and results a workflow may use, with schemas"
+    )
+    catalog.add_argument("product", nargs="?", metavar="PRODUCT", help="e.g. messaging")
+    catalog.add_argument("operation", nargs="?", metavar="OPERATION", help="e.g. submit-message")
+
 
 def _audit_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     """Histories against their chains and signed checkpoints; bundles for auditors."""
@@ -266,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "package": _package,
         "digest": _digest,
         "graph": _graph,
+        "catalog": _catalog,
         "serve": _serve,
         "migrate": _migrate,
         "audit": _audit,
@@ -456,6 +463,18 @@ def _graph(args: argparse.Namespace) -> int:
         definition = report.definition
     draw = mermaid if args.format == "mermaid" else dot
     sys.stdout.write(draw(definition.workflow))
+    return ExitCode.OK
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    from registry_coordinator.authoring import reference
+    from registry_coordinator.authoring.catalog import builtin_catalog
+
+    try:
+        sys.stdout.write(reference.text(builtin_catalog(), args.product, args.operation))
+    except reference.Unknown as exc:
+        print(f"coordinator catalog: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
     return ExitCode.OK
 
 

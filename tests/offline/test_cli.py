@@ -11,6 +11,8 @@ import pytest
 import trio
 
 from registry_coordinator import cli
+from registry_coordinator.authoring import reference
+from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.engine.config import DEFAULT_MAX_LIFETIME
 from registry_coordinator.engine.migrations import SchemaMismatch
@@ -204,3 +206,41 @@ def test_migrate_without_a_database_says_so_and_exits_3(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("coordinator: database unavailable: "), result.stderr
+
+
+def test_catalog_lists_products_then_one_then_an_operations_schemas() -> None:
+    every = coordinator("catalog")
+    assert every.returncode == 0, every.stderr
+    assert every.stdout.startswith("breg 2026.11.1\n  operations:\n")
+    assert "    submit-message: mutation POST /v1/messages, Idempotency-Key — " in every.stdout
+    assert "  results (for wait-for):\n    review-decision: keyed by requestId" in every.stdout
+    one = coordinator("catalog", "messaging")
+    assert one.stdout.startswith("messaging 2026.11.1\n") and "breg" not in one.stdout
+    op = coordinator("catalog", "messaging", "submit-message")
+    assert op.returncode == 0, op.stderr
+    lines = op.stdout.splitlines()
+    assert lines[:4] == [
+        "messaging/submit-message: Submit a templated message for delivery (accepted with 202)",
+        "  POST /v1/messages",
+        "  effect: mutation; recovery after an unknown outcome: same-command-and-receipt",
+        "  Idempotency-Key: sent",
+    ]
+    assert "  receipt lookup: GET /v1/messages/by-idempotency-key/{key}" in lines
+    assert '      "required": [' in lines  # the input schema, whole
+    typo = coordinator("catalog", "mesaging")
+    assert typo.returncode == 2
+    assert typo.stderr == (
+        "coordinator catalog: no product 'mesaging' in the catalog: did you mean messaging?\n"
+    )
+    missing = coordinator("catalog", "messaging", "send")
+    assert missing.returncode == 2
+    assert "no operation of messaging 'send'" in missing.stderr
+
+
+def test_the_catalog_reference_in_the_workflow_guide_is_current() -> None:
+    """docs/workflows.md holds what :func:`reference.markdown` writes from the catalog:
+    a product or operation added, renamed or described anew changes the page too."""
+    page = (ROOT / "docs" / "workflows.md").read_text()
+    begin = page.index("-->\n", page.index("<!-- catalog: written by")) + len("-->\n")
+    end = page.index("<!-- catalog: end -->")
+    assert page[begin:end] == reference.markdown(builtin_catalog())
