@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
-from tests.harness import ROOT
+from tests.harness import ROOT, free_port
 
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 WORK = ROOT / "var" / "tutorial"
@@ -24,6 +26,7 @@ def test_every_tutorial_command_runs_in_order() -> None:
     # take the background processes it started with it.
     script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + commands()
     try:
+        ports = ("PORT", "BREG_PORT", "CASEWORK_PORT", "MESSAGING_PORT", "ISSUER_PORT")
         result = subprocess.run(
             ["bash", "-c", script],
             cwd=ROOT,
@@ -31,6 +34,7 @@ def test_every_tutorial_command_runs_in_order() -> None:
             text=True,
             timeout=300,
             check=False,
+            env={**os.environ, **{name: str(free_port()) for name in ports}},
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         output = result.stdout
@@ -49,3 +53,21 @@ def test_every_tutorial_command_runs_in_order() -> None:
         assert re.search(r"bundle of run \S+: \d+ events chained, the first \d+ under", output)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
+
+
+def test_a_tutorial_wait_that_runs_out_says_so_and_where_to_look(tmp_path: Path) -> None:
+    """The page's waits are bounded: one whose condition never holds fails the shell's
+    command, naming what it waited for and the log to read."""
+    setup = re.findall(r"```sh\n(.*?)```", TUTORIAL.read_text(), flags=re.DOTALL)[0]
+    result = subprocess.run(
+        ["bash", "-c", setup + "waitfor 1 'curl -sf http://127.0.0.1:1/ready' coordinator.log"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr == (
+        "gave up after 1 s waiting for: curl -sf http://127.0.0.1:1/ready (see coordinator.log)\n"
+    )
