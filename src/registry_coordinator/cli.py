@@ -11,10 +11,8 @@ it, so the offline authoring commands start quickly.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -154,6 +152,11 @@ def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     migrate = commands.add_parser("migrate", help="apply pending database schema migrations")
     migrate.add_argument("--config", type=Path, required=True, metavar="FILE")
 
+    doctor = commands.add_parser(
+        "doctor", help="look at everything a start needs, one line each: exit 0, 1 or 3"
+    )
+    doctor.add_argument("--config", type=Path, required=True, metavar="FILE")
+
     stand_ins = commands.add_parser(
         "stand-ins", help="serve stand-in Registry Stack products (demo and tests only)"
     )
@@ -275,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "catalog": _catalog,
         "serve": _serve,
         "migrate": _migrate,
+        "doctor": _doctor,
         "audit": _audit,
         "stand-ins": _stand_ins,
         "token": _token,
@@ -478,44 +482,24 @@ def _catalog(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-class PortInUse(CoordinatorError):
-    """An address to listen on is taken by another process."""
-
-    exit_code = ExitCode.UNAVAILABLE
-
-
-def _free(host: str, port: int, given: str, repair: str) -> None:
-    """Refuse, in one line, an address another process listens on, before anything is
-    started: a bind from the service's nursery would fail only after PostgreSQL started,
-    and in an exception group. (Taken between this check and that bind, it still fails
-    there.) Like hypercorn's, the probe reuses an address left in TIME_WAIT."""
-    if port == 0:
-        return
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise PortInUse(
-                f"{host}:{port} is in use by another process ({given}): stop it, or {repair}"
-            ) from None
-
-
 def _serve(args: argparse.Namespace) -> int:
     from registry_coordinator.engine.config import load_config
     from registry_coordinator.engine.workflows import Workflows
-    from registry_coordinator.service import serve
+    from registry_coordinator.service import require_free, serve
 
     _logging()
     config = load_config(args.config)
     workflows = Workflows.load(config.workflows, str(config.file))
     workflows.check_bindings(config.connections, str(config.file))
     where = f"listen.host, listen.port in {config.file}"
-    _free(config.host, config.port, where, "give listen.port another port")
+    require_free(config.host, config.port, where, "give listen.port another port")
     return _run_service(lambda: serve(config, workflows))
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from registry_coordinator.doctor import doctor
+
+    return doctor(args.config)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -909,10 +893,12 @@ def _stand_ins(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.USAGE
+    from registry_coordinator.service import require_free
+
     for name, port in ports.items():
-        _free("127.0.0.1", port, f"--product {name}={port}", "give another port")
+        require_free("127.0.0.1", port, f"--product {name}={port}", "give another port")
     if args.issuer is not None:
-        _free("127.0.0.1", args.issuer, f"--issuer {args.issuer}", "give another port")
+        require_free("127.0.0.1", args.issuer, f"--issuer {args.issuer}", "give another port")
     token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
     secret = os.environ.get("STANDIN_WEBHOOK_SECRET", "stand-in-webhook-secret")
     hooks = {

@@ -20,7 +20,7 @@ from tests.harness import ROOT
 
 PACKAGE = ROOT / "src" / "registry_coordinator"
 LAYERS = ["", "errors", "authoring", "semantics", "engine", "http", "devtools", "roots"]
-ROOTS = {"cli", "service", "__main__"}
+ROOTS = {"cli", "service", "doctor", "__main__"}
 #: Libraries that need an event loop, a database or the network: the engine's and above.
 RUNTIME_LIBRARIES = {"trio", "trio_asyncio", "psycopg", "httpx", "quart", "quart_trio", "hypercorn"}
 

@@ -151,6 +151,11 @@ class KeySet:
             )
         return self._keys.get(key_id)
 
+    async def check(self) -> dict[str, Any]:
+        """Read the set now, once, and say how it stands (``coordinator doctor``)."""
+        await self._refresh()
+        return self.readiness()
+
     def readiness(self) -> dict[str, Any]:
         """The key set's part of /ready: ok while a set with keys was read recently enough
         to be trusted (never before the first good read)."""

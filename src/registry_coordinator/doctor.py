@@ -1,0 +1,164 @@
+"""``coordinator doctor --config FILE``: everything a start needs, looked at, one line each.
+
+It reads the configuration (and so every secret it names), the pinned artifacts and their
+bindings, and the listen address; then reaches the database (its server version and the
+schema), each connection's product (its base URL answering, over valid TLS, and its
+service identity getting a token) and the issuer's key set. Nothing is changed anywhere:
+no migration runs, no request a product could act on is sent (a product is asked with a
+GET of its base URL, whatever it answers), and the embedded database is only started and
+stopped. Each line is ``ok``, or ``FAIL`` with the repair; the exit code is 0 when all are
+ok, 1 when something is refused (fix the configuration, an artifact, the schema, a
+credential), and 3 when something is only unreachable now.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import trio
+import trio_asyncio
+
+from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.engine.calls import open_products
+from registry_coordinator.engine.config import Config, load_config
+from registry_coordinator.engine.database import Database
+from registry_coordinator.engine.identity import IdentityRefused, IdentityUnavailable
+from registry_coordinator.engine.migrations import check_server, known, pending
+from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.errors import CoordinatorError, ExitCode
+from registry_coordinator.http.auth import KeySet
+from registry_coordinator.service import PortInUse, open_database_unchecked, require_free
+
+
+@dataclass
+class Findings:
+    """The lines said so far, and the worst of them."""
+
+    refused: int = 0
+    unavailable: int = 0
+    lines: list[str] = field(default_factory=list)
+
+    def ok(self, what: str) -> None:
+        self._say(f"ok    {what}")
+
+    def refuse(self, what: str, repair: str) -> None:
+        self.refused += 1
+        self._say(f"FAIL  {what}: {repair}")
+
+    def unreachable(self, what: str, repair: str) -> None:
+        self.unavailable += 1
+        self._say(f"FAIL  {what}: {repair}")
+
+    def _say(self, line: str) -> None:
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def exit_code(self) -> int:
+        if self.refused:
+            return ExitCode.INVALID
+        return ExitCode.UNAVAILABLE if self.unavailable else ExitCode.OK
+
+
+def _offline(config: Config, found: Findings) -> None:
+    """The pinned artifacts, their bindings, and the listen address."""
+    try:
+        workflows = Workflows.load(config.workflows, str(config.file))
+    except Refused as refused:
+        for d in refused.diagnostics:
+            found.refuse(f"workflows: {d.message}", d.repair)
+        return
+    for pin in workflows.pinned:
+        definition = pin.definition
+        found.ok(f"workflow {definition.id} {definition.version}: {pin.digest}")
+    try:
+        workflows.check_bindings(config.connections, str(config.file))
+        found.ok(f"every workflow's connections are bound ({len(config.connections)} bound)")
+    except Refused as refused:
+        for d in refused.diagnostics:
+            found.refuse(f"connections: {d.message}", d.repair)
+    try:
+        require_free(config.host, config.port, "listen.host, listen.port", "another port")
+        found.ok(f"{config.host}:{config.port} is free to listen on")
+    except PortInUse as busy:
+        found.unreachable(f"listen address: {busy}", "stop what holds it, or change listen")
+
+
+async def _database(config: Config, found: Findings) -> None:
+    try:
+        async with open_database_unchecked(config, "coordinator/doctor") as db:
+            await _schema(db, found)
+    except CoordinatorError as exc:
+        found.unreachable(f"database: {exc.line()}", "start it, or correct database.dsn")
+
+
+async def _schema(db: Database, found: Findings) -> None:
+    try:
+        version = await check_server(db)
+        found.ok(f"database: PostgreSQL {version}")
+        missing = await pending(db)
+    except CoordinatorError as exc:
+        found.refuse(f"database: {exc}", "see docs/operations.md, 'The database schema'")
+        return
+    if missing:
+        found.refuse(
+            f"schema: at version {missing[0].version - 1}, this build needs {known()[-1].version}",
+            "run coordinator migrate --config FILE",
+        )
+    else:
+        found.ok(f"schema: version {known()[-1].version}, this build's")
+
+
+async def _products(config: Config, found: Findings) -> None:
+    async with open_products(config.connections) as (products, client):
+        for name, product in sorted(products.items()):
+            where = f"connection {name} ({product.config.product}, {product.config.base_url})"
+            try:
+                answer = await product.client.get(product.config.base_url + "/")
+                found.ok(f"{where}: reachable (HTTP {answer.status_code})")
+            except httpx.HTTPError as exc:
+                repair = "is it up, is baseUrl right, and is its TLS certificate valid?"
+                found.unreachable(f"{where}: {type(exc).__name__}: {exc}", repair)
+                continue
+            try:
+                await product.credentials.authorization()
+                found.ok(f"connection {name}: its identity has a token")
+            except IdentityRefused as exc:
+                found.refuse(f"connection {name}: identity refused: {exc}", "check its credentials")
+            except IdentityUnavailable as exc:
+                found.unreachable(f"connection {name}: no token: {exc}", "is the issuer up?")
+        if config.auth.mode == "jwt":
+            keys = await KeySet(config.auth, client).check()
+            if keys["ok"]:
+                found.ok(f"auth: {keys['detail']}")
+            else:
+                found.unreachable(f"auth: {keys['detail']}", "check auth.jwksFile or jwksUrl")
+
+
+def doctor(path: Path) -> int:
+    """Look at everything ``coordinator serve --config path`` needs; the exit code."""
+    found = Findings()
+    try:
+        config = load_config(path)
+    except Refused as refused:
+        for d in refused.diagnostics:
+            found.refuse(f"configuration: {d.as_text().splitlines()[0]}", d.repair)
+        return found.exit_code()
+    found.ok(f"configuration {config.file} (secrets it names are readable)")
+    _offline(config, found)
+
+    async def online() -> None:
+        async with trio_asyncio.open_loop():
+            await _database(config, found)
+        await _products(config, found)
+
+    trio.run(online)
+    summary = (
+        "everything a start needs is in place"
+        if found.exit_code() == ExitCode.OK
+        else f"{found.refused + found.unavailable} of {len(found.lines)} checks failed"
+    )
+    print(summary, file=sys.stderr)
+    return found.exit_code()

@@ -1,0 +1,58 @@
+"""`coordinator doctor`: everything a start needs, one line each, against a real database,
+real stand-in products and a real issuer's key set; the exit code says how bad."""
+
+from __future__ import annotations
+
+import json
+
+from tests.harness import Services, coordinator
+
+NOTIFY: dict[str, tuple[str, dict[str, str]]] = {"notices": ("messaging", {})}
+
+
+def test_doctor_says_ok_for_each_thing_a_start_needs(services: Services) -> None:
+    service, _ = services.deploy(["notify"], NOTIFY, sign_in=True)
+    service.stop()  # its port is free again, as before a start
+    result = coordinator("doctor", "--config", service.config)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert all(line.startswith("ok    ") for line in lines), lines
+    said = "\n".join(lines)
+    for expected in (
+        "configuration ",
+        "workflow notify 1: sha256:",
+        "every workflow's connections are bound (1 bound)",
+        "is free to listen on",
+        "database: PostgreSQL 18",
+        "schema: version 10, this build's",
+        "connection notices (messaging, http://127.0.0.1:",
+        "connection notices: its identity has a token",
+        "auth: 1 keys from ",
+    ):
+        assert expected in said, (expected, said)
+    assert result.stderr.endswith("everything a start needs is in place\n")
+
+
+def test_doctor_fails_what_is_down_with_3_and_what_is_wrong_with_1(services: Services) -> None:
+    service, products = services.deploy(["notify"], NOTIFY)
+    products.stop()  # the product is down: unavailable, not wrong
+    down = coordinator("doctor", "--config", service.config)  # the service holds its port
+    assert down.returncode == 3, down.stdout + down.stderr
+    failed = [line for line in down.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 2, down.stdout
+    assert "is in use by another process" in failed[0]
+    assert failed[1].startswith("FAIL  connection notices (messaging, http://127.0.0.1:")
+    assert failed[1].endswith("is it up, is baseUrl right, and is its TLS certificate valid?")
+    service.stop()
+
+    settings = json.loads(service.config.read_text())
+    settings["workflows"][0]["digest"] = "sha256:" + "0" * 64
+    wrong = service.config.with_name("wrong.yaml")
+    wrong.write_text(json.dumps(settings))
+    refused = coordinator("doctor", "--config", wrong)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert any(
+        line.startswith("FAIL  workflows: ") and "digest" in line
+        for line in refused.stdout.splitlines()
+    ), refused.stdout
+    assert "checks failed" in refused.stderr
