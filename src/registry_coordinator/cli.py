@@ -642,7 +642,7 @@ def _audit_verify(args: argparse.Namespace) -> int:
     found: list[audit.Verified] = []
 
     async def work(db: Any) -> None:
-        found.append(await audit.verify(db, args.run, since, key, kept))
+        found.append(await audit.verify(db, args.run, since, key, kept, config.retention.directory))
 
     _audit_database(config, work)
     [verified] = found
@@ -654,6 +654,8 @@ def _audit_verify(args: argparse.Namespace) -> int:
         f"{verified.runs} runs, {verified.events} events, {verified.heads} signed heads, "
         f"{verified.checkpoints} checkpoints"
     )
+    if verified.archived:
+        what += f", {verified.archived} archived runs ({verified.bundles} bundles read)"
     if verified.breaks or verified.checkpoint_breaks:
         print(f"{what}: the history does not hold", file=sys.stderr)
         return ExitCode.INVALID

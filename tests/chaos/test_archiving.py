@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from registry_coordinator.engine.database import sync_connection
+import httpx
+
+from registry_coordinator.engine.database import QUERIES, sync_connection
 from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Event, first_break, parse
 from registry_coordinator.semantics.checkpoints import public_key
@@ -127,9 +131,58 @@ def test_archiving_killed_at_every_point_loses_no_run(dsn: str, services: Servic
     assert offline.returncode == 0, offline.stdout + offline.stderr
     whole = coordinator("audit", "verify", "--config", config)
     assert whole.returncode == 0, whole.stdout + whole.stderr  # the checkpoints still hold
+    assert f"{RUNS} archived runs ({RUNS} bundles read)" in whole.stdout
     exported = coordinator(
         "audit", "export", "--config", config, "--run", admitted[0], "--out", bundle.with_name("x")
     )
     assert exported.returncode == 1
     assert f"to the bundle {problem['archived']['bundle']}" in exported.stderr
     assert json.loads(bundle.read_bytes())["run"] == admitted[0]
+
+    other = archive / listed["runs"][1]["archived"]["bundle"]  # an administrator swaps one
+    bundle.write_bytes(other.read_bytes())
+    other.unlink()  # and removes another
+    swapped = coordinator("audit", "verify", "--config", config)
+    assert swapped.returncode == 1
+    said = sorted(swapped.stdout.splitlines())
+    assert len(said) == 2, said
+    assert any(f"its bundle {bundle} is not the one recorded" in line for line in said), said
+    assert any(f"its bundle {other} cannot be read" in line for line in said), said
+
+
+def test_a_start_retried_while_its_run_is_archived_is_not_started_again(
+    dsn: str, services: Services
+) -> None:
+    """The archiver's own transaction, held open by the test: a start retried with the
+    run's key meanwhile waits, and then finds the run archived (410), and no second run is
+    made. Without the transaction's lock on new runs, the retry's snapshot predates the
+    archived record while its key check sees the run already gone."""
+    service = services(["chain"])
+    run = service.start_run("chain", {"n": 1}, key="retried")
+    wait_for(dsn, "SELECT count(*) FROM runs WHERE ended_at IS NOT NULL", 1)
+    answers: list[httpx.Response] = []
+    with sync_connection(dsn) as conn:
+        seq = (conn.execute("SELECT seq FROM runs WHERE id = %s", (run,)).fetchone() or {})["seq"]
+        conn.execute("BEGIN")
+        conn.execute(QUERIES["retention_hold_starts"])
+        args = {"runs": [run], "seqs": [seq], "bundles": ["b.json"], "sha256s": ["0" * 64]}
+        assert len(conn.execute(QUERIES["retention_record"], args).fetchall()) == 1
+        conn.execute(QUERIES["retention_remove"], {"runs": [run]})
+        retry = threading.Thread(
+            target=lambda: answers.append(
+                service.http.post(
+                    "/v1/runs",
+                    json={"workflow": "chain", "input": {"n": 1}},
+                    headers={"Idempotency-Key": "retried"},
+                )
+            )
+        )
+        retry.start()
+        time.sleep(1)  # the retry is waiting on the lock (or would have started a run)
+        conn.execute("COMMIT")
+    retry.join(30)
+    [answer] = answers
+    assert answer.status_code == 410, answer.text  # 201: a second run of the same start
+    assert answer.json()["code"] == "run.archived"
+    with sync_connection(dsn) as conn:
+        assert (conn.execute("SELECT count(*) AS n FROM runs").fetchone() or {})["n"] == 0

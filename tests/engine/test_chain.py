@@ -9,11 +9,15 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
+import trio_asyncio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from registry_coordinator.engine import audit
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.engine.checkpoints import checkpoint
+from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.semantics.chain import Event, canonical, event_hash, parse
 from tests.harness import Cluster, admit, database, migrate, write_config
 
@@ -167,3 +171,36 @@ async def test_a_history_leaves_only_once_its_run_is_archived(dsn: str) -> None:
             conn.execute("UPDATE archived_runs SET bundle = 'elsewhere' WHERE id = %s", (archived,))
     kept_events = await _verify(dsn, uuid.UUID(kept))
     assert (kept_events.events, kept_events.breaks) == (4, [])
+
+
+@pytest.mark.trio
+async def test_a_checkpoint_that_loses_the_race_for_its_number_signs_in_the_next(
+    dsn: str,
+) -> None:
+    """Two processes sign different runs' heads at once, twenty times: each time both
+    runs' heads end up signed, though only one of two inserts gets each number."""
+    made = [uuid.UUID(run) for run in await _histories(dsn)]
+    key = Ed25519PrivateKey.generate()
+    async with trio_asyncio.open_loop():
+        first, second = await Database.open(dsn, 2), await Database.open(dsn, 2)
+        try:
+            for seq in range(5, 25):
+                with sync_connection(dsn) as conn:
+                    for run in made[:2]:
+                        conn.execute(
+                            "INSERT INTO run_events (run_id, seq, at, kind, step, actor)"
+                            " VALUES (%s, %s, now(), 'note', 'invoke', 'someone')",
+                            (run, seq),
+                        )
+                        conn.execute("UPDATE runs SET seq = %s WHERE id = %s", (seq, run))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(checkpoint, first, key, None, [made[0]])
+                    nursery.start_soon(checkpoint, second, key, None, [made[1]])
+                for run in made[:2]:
+                    proof = await first.row("audit_run_proof", {"run": run})
+                    assert proof is not None and proof["seq"] == seq, (run, seq, proof)
+        finally:
+            await first.close()
+            await second.close()
+    found = await _verify(dsn)
+    assert (found.breaks, found.checkpoint_breaks) == ([], [])

@@ -57,3 +57,15 @@ def test_a_chain_verifies_without_the_database() -> None:
     assert first_break(run, events, 2) is None
     assert first_break(run, events[::-1], 2) is not None
     assert first_break(run, events, 3) is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["1e99999999999999999999", "1e999999999999999999", "1e100000000", "-1E1001", "1e-1001"],
+)
+def test_numbers_too_large_to_write_out_are_refused_as_json(text: str) -> None:
+    """A hostile bundle's number would make canonical JSON write out millions of digits (or
+    Decimal refuse it): parse refuses it first, as it refuses NaN, with a ValueError."""
+    with pytest.raises(ValueError, match=r"cannot be read|too large to write out"):
+        parse(f'{{"n": {text}}}')
+    assert canonical(parse('{"n": 1e1000}')) == '{"n":1' + "0" * 1000 + "}"

@@ -57,6 +57,7 @@ REVERSALS: dict[int, str] = {
         CREATE TRIGGER run_events_append_only BEFORE UPDATE OR DELETE ON run_events
             FOR EACH ROW EXECUTE FUNCTION refuse_change();
         DROP FUNCTION history_leaves();
+        DROP FUNCTION hold_new_runs();
         DROP INDEX runs_ended;
         DROP INDEX runs_by_update;
         DROP TABLE archived_runs;

@@ -14,11 +14,13 @@ rewritten by someone who holds the key, or removed.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
+from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -41,6 +43,8 @@ class Verified:
     events: int = 0
     heads: int = 0  # signed heads checked against the histories
     checkpoints: int = 0
+    archived: int = 0  # archived runs whose record and signed head agree
+    bundles: int = 0  # and whose bundles were read and checked
     breaks: list[Break] = field(default_factory=list)
     checkpoint_breaks: list[tuple[int, str]] = field(default_factory=list)  # (number, why)
 
@@ -110,15 +114,64 @@ async def _checkpoints(db: Database, key: Ed25519PublicKey | None, found: Verifi
             previous, after = c, c.number
 
 
+def _bundle_holds(
+    row: Row, archive: Path, key: Ed25519PublicKey | None, found: Verified
+) -> str | None:
+    """Why the bundle an archived run went to does not hold what was recorded, or None."""
+    path = archive / row["bundle"]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"its bundle {path} cannot be read: {exc.strerror}"
+    if hashlib.sha256(data).hexdigest() != row["sha256"]:
+        return f"its bundle {path} is not the one recorded (sha256 differs)"
+    if key is not None:
+        try:
+            proven = bundles.check(data, key)
+        except bundles.Refused as exc:
+            return f"its bundle {path} does not hold: {exc}"
+        if (proven.run, proven.events, proven.signed) != (row["run"], row["seq"], row["seq"]):
+            return f"its bundle {path} is of another history"
+    found.bundles += 1
+    return None
+
+
+async def _archived(
+    db: Database, archive: Path | None, key: Ed25519PublicKey | None, found: Verified
+) -> None:
+    """Each archived run: recorded at the head a checkpoint signed last for it (a run
+    removed by someone who only wrote its ``archived_runs`` row has no such head, or its
+    bundle does not prove it), and, with the archive at hand, its bundle."""
+    after = uuid.UUID(int=0)
+    while rows := await db.rows("audit_archived", {"after": after, "limit": BATCH}):
+        for row in rows:
+            if row["signed_seq"] is None:
+                why: str | None = "it was archived, but no checkpoint ever signed its head"
+            elif (row["signed_seq"], bytes(row["signed_head"])) != (row["seq"], bytes(row["head"])):
+                why = (
+                    f"it was archived at this event, but checkpoint {row['checkpoint']} "
+                    f"signed event {row['signed_seq']} last"
+                )
+            else:
+                why = _bundle_holds(row, archive, key, found) if archive is not None else None
+            if why is None:
+                found.archived += 1
+            else:
+                found.breaks.append(Break(row["run"], row["seq"], why))
+        after = uuid.UUID(rows[-1]["run"])
+
+
 async def verify(
     db: Database,
     run: uuid.UUID | None = None,
     since: datetime | None = None,
     key: Ed25519PublicKey | None = None,
     kept: Checkpoint | None = None,
+    archive: Path | None = None,
 ) -> Verified:
     """Check the chain and the signed heads of every run (or of ``run``, or of runs
-    changed ``since``), then every checkpoint, and ``kept`` against the database's."""
+    changed ``since``), then every archived run (with its bundle in ``archive``), every
+    checkpoint, and ``kept`` against the database's."""
     found = Verified()
     async for batch in _batches(db, run, since):
         ids = [run_id for run_id, _ in batch]
@@ -138,6 +191,7 @@ async def verify(
             if broken is not None:
                 found.breaks.append(broken)
     if run is None:
+        await _archived(db, archive, key, found)
         for lost in await db.rows("audit_lost_runs"):
             why = (
                 f"the run is gone: checkpoint {lost['checkpoint']} signed this event, and the "
@@ -179,6 +233,8 @@ async def export(db: Database, run: uuid.UUID, key: Ed25519PrivateKey) -> bytes:
         proof = await db.row("audit_run_proof", {"run": run})
     assert proof is not None  # the checkpoint just made signs this run's head
     events = [_event(e) for e in await db.rows("audit_events", {"runs": [run]})]
+    if len(events) < found["seq"]:  # archived (or cut short) between the two reads
+        raise Unexportable(f"run {run} changed while it was exported: export it again")
     signed = await db.row("audit_checkpoint", {"number": proof["checkpoint"]})
     assert signed is not None  # leaves reference their checkpoint
     leaves = await db.rows("audit_checkpoint_leaves", {"number": proof["checkpoint"]})

@@ -3,8 +3,9 @@ and soon after runs end.
 
 One checkpoint takes two statements: one reads the last checkpoint and the heads that
 changed since (one snapshot), one writes the next checkpoint and its leaves. Two
-processes that race for the same number both compute it, and the second insert finds
-the number taken and writes nothing (its heads go into the next one). A head read a
+processes that race for the same number both compute it; the second insert finds the
+number taken and writes nothing, and that process looks again at what is still unsigned
+and signs it in the next number. A head read a
 moment before a transition commits is still a true head: the next checkpoint has the
 newer one. Nothing here is on a run's path: a checkpoint that fails is made later.
 
@@ -92,7 +93,9 @@ async def checkpoint(
             },
         )
         if written is None or not written["made"]:
-            return made  # another process made this number: its heads are signed there
+            # Another process made this number, perhaps over other heads: look again, until
+            # a checkpoint (ours or theirs) signs every head asked for.
+            continue
         made.append(signed)
         log.info("checkpoint %d signs %d run heads", signed.number, signed.leaves)
         if len(heads) < LEAVES:

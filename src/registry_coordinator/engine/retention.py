@@ -27,7 +27,7 @@ import hashlib
 import logging
 import os
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import trio
@@ -37,32 +37,50 @@ from registry_coordinator.engine import audit, faults
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.checkpoints import Checkpointer
 from registry_coordinator.engine.config import RetentionConfig
-from registry_coordinator.engine.database import Database, Unavailable
+from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
 from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.semantics import bundles
 
 log = logging.getLogger(__name__)
+#: Seconds between full batches while a backlog is archived: each holds starts briefly.
+PACE = 0.1
 
 
 def bundle_path(run: uuid.UUID | str, ended_at: datetime) -> str:
-    """Where a run's bundle goes under the archive directory: by the month it ended."""
-    return f"{ended_at:%Y}/{ended_at:%m}/{run}.bundle.json"
+    """Where a run's bundle goes under the archive directory: by the month (UTC) it ended,
+    whatever the database session's time zone."""
+    ended = ended_at.astimezone(UTC)
+    return f"{ended:%Y}/{ended:%m}/{run}.bundle.json"
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _make_directories(directory: Path) -> None:
+    """``directory`` and any parents missing, each new entry flushed to its parent, so a
+    recorded bundle's path survives a power cut."""
+    if directory.is_dir():
+        return
+    _make_directories(directory.parent)
+    directory.mkdir(exist_ok=True)
+    _fsync_directory(directory.parent)
 
 
 def _write_verified(path: Path, data: bytes, key: Ed25519PublicKey) -> str:
     """Write ``data`` durably at ``path``, read it back and check it; its SHA-256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_directories(path.parent)
     partial = path.with_name(f".{path.name}.partial")
     with partial.open("wb") as out:
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
     partial.replace(path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    _fsync_directory(path.parent)
     written = path.read_bytes()
     bundles.check(written, key)  # Refused, and the run stays, if it does not prove itself
     return hashlib.sha256(written).hexdigest()
@@ -73,6 +91,21 @@ async def archive_batch(
 ) -> tuple[int, int]:
     """Archive up to ``retention.batch`` runs that are due: how many were due, and how many
     this call archived (another process may have archived some first)."""
+    assert retention.archive_after is not None and retention.directory is not None
+    async with db.connection() as lock:
+        locked = await lock.row("retention_lock")
+        if locked is None or not locked["locked"]:
+            return 0, 0  # another process is archiving: one writer of bundles at a time
+        try:
+            return await _archive_batch(db, retention, checkpointer, key)
+        finally:
+            with trio.CancelScope(shield=True):
+                await lock.execute("retention_unlock")
+
+
+async def _archive_batch(
+    db: Database, retention: RetentionConfig, checkpointer: Checkpointer, key: Ed25519PrivateKey
+) -> tuple[int, int]:
     assert retention.archive_after is not None and retention.directory is not None
     due = await db.rows(
         "retention_due", {"after": retention.archive_after, "limit": retention.batch}
@@ -93,6 +126,9 @@ async def archive_batch(
         digests.append(digest)
     faults.crash_point("archive-written")
     async with db.connection() as conn, conn.transaction():
+        # Starts wait while the runs leave: one retried with a key being archived then
+        # finds it in archived_runs, and never starts the run again (see retention_hold).
+        await conn.execute("retention_hold_starts")
         recorded = await conn.rows(
             "retention_record",
             {"runs": runs, "seqs": seqs, "bundles": paths, "sha256s": digests},
@@ -135,9 +171,9 @@ class Archiver:
                 log.warning("archiver: database unavailable: %s", exc)
                 await trio.sleep(DATABASE_OUTAGE.pause(failures))
                 continue
-            except (OSError, bundles.Refused) as exc:
+            except (OSError, bundles.Refused, audit.Unexportable, StatementFailed) as exc:
                 log.error("archiver: a bundle could not be written and verified: %s", exc)
-                due = 0
-            # A full batch: more may be due, after the workers had their turn.
-            full = due == self.retention.batch
-            await trio.sleep(0 if full else self.retention.every.total_seconds())
+                due = archived = 0
+            # A full batch archived: more may be due, after the workers had their turn.
+            full = due == self.retention.batch and archived > 0
+            await trio.sleep(PACE if full else self.retention.every.total_seconds())

@@ -99,9 +99,13 @@ async def visible_run(context: Context, who: Caller, run_id: str, action: str) -
 
 
 async def _current(context: Context, run_id: uuid.UUID) -> Row:
-    """The run as it stands now, after a start or an action on it."""
+    """The run as it stands now, after a start or an action on it: 410 if it was archived
+    meanwhile (a start retried just as its run, long ended, left for its bundle)."""
     row = await store.status(context.db, run_id)
-    assert row is not None  # only runs ended longer ago than retention.archiveAfter leave
+    if row is None:
+        archived = await store.archived(context.db, run_id)
+        assert archived is not None  # runs leave the hot tables only for archived_runs
+        raise gone(archived)
     return row
 
 

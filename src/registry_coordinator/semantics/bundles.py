@@ -147,9 +147,12 @@ def check(data: bytes, key: Ed25519PublicKey) -> Proven:
     """What the bundle ``data`` proves under ``key``; :class:`Refused` if it does not."""
     try:
         text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused("it is not a bundle: not UTF-8 text") from None
+    try:
         document = parse(text)
-    except (UnicodeDecodeError, ValueError):
-        raise Refused("it is not a bundle: not UTF-8 JSON") from None
+    except ValueError as exc:
+        raise Refused(f"it is not a bundle: {exc}") from None
     except RecursionError:
         raise Refused("it is not a bundle: it nests deeper than any bundle does") from None
     root = _mapping(document, _KEYS, "a bundle")

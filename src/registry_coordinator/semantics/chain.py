@@ -22,15 +22,31 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+#: The largest power of ten a number may carry in JSON the chain reads: far beyond any
+#: event's, small enough that writing it out in plain decimal stays small. (PostgreSQL
+#: writes numbers out in full, so what it stores never comes with an exponent at all.)
+MAX_EXPONENT = 1000
+
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _decimal(text: str) -> Decimal:
+    try:
+        number = Decimal(text)
+    except ArithmeticError:
+        raise ValueError(f"the number {text[:40]} cannot be read") from None
+    if abs(number.adjusted()) > MAX_EXPONENT:
+        raise ValueError(f"the number {text[:40]} is too large to write out")
+    return number
+
+
 def parse(text: str | bytes) -> Any:
     """JSON text as the chain reads it: every number a Decimal; NaN and Infinity, which
-    Python reads but JSON has not, refused (ValueError)."""
-    return json.loads(text, parse_float=Decimal, parse_int=Decimal, parse_constant=_no_constant)
+    Python reads but JSON has not, and numbers too large to write out in plain decimal,
+    refused (ValueError)."""
+    return json.loads(text, parse_float=_decimal, parse_int=_decimal, parse_constant=_no_constant)
 
 
 def _number(value: Decimal | int) -> str:

@@ -733,6 +733,21 @@ WHERE ended_at IS NOT NULL AND ended_at < now() - %(after)s::interval
 ORDER BY ended_at, id
 LIMIT %(limit)s;
 
+-- name: retention_lock
+-- Become the one process archiving now, for this session, unless another is.
+SELECT pg_try_advisory_lock(hashtext('registry-coordinator.retention')) AS locked;
+
+-- name: retention_unlock
+-- Let another process archive.
+SELECT pg_advisory_unlock(hashtext('registry-coordinator.retention')) AS unlocked;
+
+-- name: retention_hold_starts
+-- Hold new rows out of runs until this transaction ends (hold_new_runs, schema 10).
+--
+-- A start retried while its run leaves then finds it in archived_runs. Updates of runs
+-- wait too, so the transaction is kept to one small batch.
+SELECT hold_new_runs();
+
 -- name: retention_record
 -- Record runs as archived to their verified bundles, if they are still as exported.
 INSERT INTO archived_runs (id, digest, workflow_id, caller, start_key, start_digest, state,
@@ -745,7 +760,7 @@ FROM unnest(%(runs)s::uuid[], %(seqs)s::integer[], %(bundles)s::text[], %(sha256
      AS a (id, seq, bundle, sha256)
 JOIN runs r ON r.id = a.id AND r.seq = a.seq AND r.ended_at IS NOT NULL
 JOIN run_events e ON e.run_id = r.id AND e.seq = r.seq
-ON CONFLICT DO NOTHING  -- another process archived it first, to the same bundle
+ON CONFLICT (id) DO NOTHING  -- recorded by a pass that did not get to remove it
 RETURNING id;
 
 -- name: retention_remove
@@ -774,4 +789,17 @@ WHERE (%(caller)s::text IS NULL OR caller = %(caller)s)
   AND (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(workflow)s::text IS NULL OR workflow_id = %(workflow)s)
 ORDER BY admitted_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: audit_archived
+-- A batch of archived runs in id order after %(after)s, with the latest head signed for each.
+SELECT a.id::text AS run, a.seq, a.head, a.bundle, a.sha256,
+       l.seq AS signed_seq, l.head AS signed_head, l.checkpoint
+FROM archived_runs a
+LEFT JOIN LATERAL (
+    SELECT seq, head, checkpoint FROM audit_leaves
+    WHERE run_id = a.id ORDER BY checkpoint DESC LIMIT 1
+) l ON true
+WHERE a.id > %(after)s
+ORDER BY a.id
 LIMIT %(limit)s;

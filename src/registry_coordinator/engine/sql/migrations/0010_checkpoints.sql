@@ -53,6 +53,8 @@ CREATE TABLE archived_runs (
     sha256       text NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
     UNIQUE (caller, start_key)
 );
+-- The archived listing, newest first, as the runs listing's runs_by_admission.
+CREATE INDEX archived_runs_by_admission ON archived_runs (admitted_at DESC, id DESC);
 CREATE TRIGGER archived_runs_append_only BEFORE UPDATE OR DELETE ON archived_runs
     FOR EACH ROW EXECUTE FUNCTION refuse_change();
 
@@ -63,6 +65,17 @@ CREATE INDEX runs_by_update ON runs (updated_at);
 -- Ended runs oldest first, for retention; ended_at is written once, so this costs no
 -- transition anything.
 CREATE INDEX runs_ended ON runs (ended_at) WHERE ended_at IS NOT NULL;
+
+-- Hold new rows out of runs until the calling transaction ends (writes of existing rows
+-- wait too). SHARE mode conflicts with the ROW EXCLUSIVE lock an INSERT takes before its
+-- snapshot, so a start retried while its run is archived takes its snapshot after the run
+-- is in archived_runs. A function, so that the statement that calls it can be prepared.
+CREATE FUNCTION hold_new_runs() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE runs IN SHARE MODE;
+END;
+$$;
 
 -- A history stays append-only, with one way out: its run was archived, in the same
 -- transaction, to a bundle that was verified first.
