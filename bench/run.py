@@ -13,6 +13,7 @@ not single absolute times). Everything runs for real: the embedded PostgreSQL 18
   console     the console's runs page beside the API listing
   chain       an event's hash chain on and off; checkpoints, verify and bundle size
   checkpoints throughput with signed checkpoints and without
+  archiving   throughput while retention archives a backlog, and without
 """
 
 from __future__ import annotations
@@ -128,6 +129,37 @@ def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float, 
         conn.execute("SELECT pg_notify('coordinator_wake', 'bench')")
 
 
+def bulk_ended(dsn: str, workflow: str, count: int) -> None:
+    """``count`` runs that finished a day ago, five events each, for retention to archive."""
+    with sync_connection(dsn) as conn:
+        conn.execute(
+            """
+            WITH made AS (
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
+                                  input, state, step, seq, admitted_at, deadline_at,
+                                  updated_at, ended_at, outcome)
+                SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'old-' || n, 'x',
+                       '{}', 'finished', 'done', 5, now() - interval '1 day',
+                       now() + interval '1 hour', now() - interval '1 day',
+                       now() - interval '1 day', 'done'
+                FROM definitions d, generate_series(1, %(count)s) AS n
+                WHERE d.workflow_id = %(workflow)s
+                RETURNING id, digest, workflow_id
+            )
+            INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+            SELECT id, e.seq, now() - interval '1 day',
+                   CASE e.seq WHEN 1 THEN 'admitted' WHEN 5 THEN 'finished' ELSE 'note' END,
+                   'done', 'bench',
+                   CASE e.seq WHEN 1 THEN jsonb_build_object('workflow', workflow_id,
+                                                             'version', '1', 'digest', digest)
+                        ELSE jsonb_build_object('n', e.seq, 'text', 'a detail of some length')
+                   END
+            FROM made, generate_series(1, 5) AS e (seq) ORDER BY id, e.seq
+            """,
+            {"workflow": workflow, "count": count},
+        )
+
+
 def wait_ended(dsn: str, count: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     with sync_connection(dsn) as conn:
@@ -217,9 +249,11 @@ def _throughput_once(
     processes: int,
     workers: int,
     extra: dict[str, Any] | None = None,
+    ended: int = 0,
 ) -> tuple[float, int]:
     """Seconds from the runs falling due to the last one ending, and step transitions
-    (``extra``: more sections of the service's configuration)."""
+    (``extra``: more sections of the service's configuration; ``ended``: runs ended a day
+    ago beside them, for retention to archive meanwhile)."""
     breg = free_port()
     connections = {"registry": connection("breg", breg, poolSize=max(4, workers * 2))}
     with (
@@ -240,6 +274,8 @@ def _throughput_once(
         try:
             for other in others:
                 other.wait_listening(60)
+            if ended:
+                bulk_ended(dsn, "bench-four", ended)
             bulk_admit(
                 dsn, "bench-four", runs, "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read"
             )
@@ -250,8 +286,9 @@ def _throughput_once(
         with sync_connection(dsn) as conn:
             row = conn.execute(
                 "SELECT EXTRACT(EPOCH FROM max(ended_at) - min(admitted_at))::float8 - 2.0 "
-                "AS seconds, (SELECT count(*) FROM run_events WHERE kind <> 'admitted') "
-                "AS steps FROM runs"
+                "AS seconds, (SELECT count(*) FROM run_events e JOIN runs r ON r.id = e.run_id"
+                " WHERE e.kind <> 'admitted' AND r.caller = 'bench' AND r.start_key LIKE 'k%%')"
+                " AS steps FROM runs WHERE start_key LIKE 'k%%'"
             ).fetchone()
     assert row is not None
     return row["seconds"], row["steps"]
@@ -275,6 +312,34 @@ def checkpointing(cluster: Cluster, directory: Path, runs: int, rounds: int) -> 
         f"  median steps/s: without {without:.0f}, with {signed:.0f} ({signed / without:.2f}x); "
         f"spread without {min(figures['without']):.0f}-{max(figures['without']):.0f}"
     )
+
+
+def archiving(cluster: Cluster, directory: Path, runs: int, rounds: int, ended: int) -> None:
+    """Throughput while retention archives a backlog of ``ended`` runs beside, against the
+    same with retention off (signed checkpoints on both), 4 workers, interleaved."""
+    print(
+        f"archiving: {runs} runs of bench-four beside {ended} ended runs, retention on and off, "
+        f"{rounds} rounds"
+    )
+    figures: dict[str, list[float]] = {"off": [], "on": []}
+    for round_ in range(rounds):
+        for side, values in figures.items():
+            extra = signing(directory / f"keys-{round_}-{side}")
+            if side == "on":
+                archive = directory / f"archive-{round_}"
+                extra["retention"] = {"archiveAfter": "PT1H", "directory": str(archive)}
+            seconds, steps = _throughput_once(
+                cluster, directory / f"r{round_}-{side}", runs, 1, 4, extra, ended
+            )
+            values.append(steps / seconds)
+            archived = len(list(archive.rglob("*.bundle.json"))) if side == "on" else 0
+            print(
+                f"  round {round_ + 1}, retention {side:<3}: {steps / seconds:.0f} steps/s"
+                + (f", {archived} runs archived meanwhile" if side == "on" else ""),
+                flush=True,
+            )
+    off, on = (statistics.median(v) for v in figures.values())
+    print(f"  median steps/s: off {off:.0f}, on {on:.0f} ({on / off:.2f}x)")
 
 
 def on_another_port(config: Path, name: str) -> Path:
@@ -657,6 +722,7 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "console": lambda c, d, a: console(c, d, a.console_runs, a.console_requests),
     "chain": lambda c, d, a: chain(c, d, a.chain_runs),
     "checkpoints": lambda c, d, a: checkpointing(c, d, a.runs, a.rounds),
+    "archiving": lambda c, d, a: archiving(c, d, a.runs, a.rounds, a.ended),
 }
 
 
@@ -683,6 +749,7 @@ def main() -> None:
     parser.add_argument("--console-runs", type=int, default=10_000)
     parser.add_argument("--console-requests", type=int, default=100)
     parser.add_argument("--chain-runs", type=int, default=10_000)
+    parser.add_argument("--ended", type=int, default=20_000)
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
