@@ -114,8 +114,9 @@ async def _archive_batch(
         return 0, 0
     await checkpointer.sign([row["id"] for row in due])
     runs, seqs, paths, digests = [], [], [], []
+    trees: audit.Trees = {}
     for row in due:
-        data = await audit.export(db, row["id"], key)
+        data = await audit.export(db, row["id"], key, trees)
         relative = bundle_path(row["id"], row["ended_at"])
         digest = await trio.to_thread.run_sync(
             _write_verified, retention.directory / relative, data, key.public_key()
