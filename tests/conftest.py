@@ -13,7 +13,7 @@ import pytest
 # database first: it imports trio_asyncio before psycopg, as psycopg requires under Trio.
 import registry_coordinator.engine.database  # noqa: F401
 
-from .harness import Cluster, Services
+from .harness import Cluster, Services, migrate, write_config
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +36,14 @@ def cluster() -> Iterator[Cluster]:
 def dsn(cluster: Cluster) -> str:
     """A new, empty database for this test."""
     return cluster.create_database()
+
+
+@pytest.fixture(scope="module")
+def schema(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One migrated database for a module whose tests only read the schema's functions."""
+    dsn = cluster.create_database()
+    migrate(write_config(tmp_path_factory.mktemp("schema"), dsn, ["timed-choice"]))
+    return dsn
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +177,9 @@ def test_a_start_retried_while_its_run_is_archived_is_not_started_again(
             )
         )
         retry.start()
-        time.sleep(1)  # the retry is waiting on the lock (or would have started a run)
+        # Until the retry waits on the lock (without it, the retry starts a run meanwhile,
+        # and this wait times out: the test fails either way).
+        wait_for(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", 1)
         conn.execute("COMMIT")
     retry.join(30)
     [answer] = answers

@@ -19,7 +19,7 @@ from registry_coordinator.engine import audit
 from registry_coordinator.engine.checkpoints import checkpoint
 from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.semantics.chain import Event, canonical, event_hash, parse
-from tests.harness import Cluster, admit, database, migrate, write_config
+from tests.harness import admit, database
 
 #: Any JSON an event's detail may hold: text with every kind of character PostgreSQL stores,
 #: integers, finite floats, and nesting.
@@ -33,13 +33,6 @@ DETAILS = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
     max_leaves=12,
 )
-
-
-@pytest.fixture(scope="module")
-def schema(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
-    dsn = cluster.create_database()
-    migrate(write_config(tmp_path_factory.mktemp("chain"), dsn, ["timed-choice"]))
-    return dsn
 
 
 @settings(max_examples=200, deadline=None)

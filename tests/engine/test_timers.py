@@ -18,13 +18,10 @@ from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Advance, Sleep, on_due
 from tests.harness import (
     TEST_WORKFLOWS,
-    Cluster,
     Services,
     database,
-    migrate,
     put_to_sleep,
     wait_for,
-    write_config,
 )
 
 LEASE = timedelta(seconds=30)
@@ -97,13 +94,6 @@ async def test_the_timer_wakes_a_wait_until_exactly_as_a_worker_would(dsn: str) 
     }
     assert worker["event"]["actor"] == "coordinator:sleeper"
     assert timer["event"]["actor"] == "coordinator:timer"
-
-
-@pytest.fixture(scope="module")
-def schema(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
-    dsn = cluster.create_database()
-    migrate(write_config(tmp_path_factory.mktemp("rfc3339"), dsn, ["timed-choice"]))
-    return dsn
 
 
 @settings(max_examples=50, deadline=None)
