@@ -13,7 +13,7 @@ import pytest
 # database first: it imports trio_asyncio before psycopg, as psycopg requires under Trio.
 import registry_coordinator.engine.database  # noqa: F401
 
-from .harness import Cluster, Services, migrate, write_config
+from .harness import Cluster, Services
 
 
 @pytest.fixture(scope="session")
@@ -34,16 +34,20 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def dsn(cluster: Cluster) -> str:
-    """A new, empty database for this test."""
+    """A new database for this test, migrated to this build's schema."""
+    return cluster.create_database(migrated=True)
+
+
+@pytest.fixture
+def empty_dsn(cluster: Cluster) -> str:
+    """A new, empty database for this test: for the tests of migrating one."""
     return cluster.create_database()
 
 
 @pytest.fixture(scope="module")
-def schema(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+def schema(cluster: Cluster) -> str:
     """One migrated database for a module whose tests only read the schema's functions."""
-    dsn = cluster.create_database()
-    migrate(write_config(tmp_path_factory.mktemp("schema"), dsn, ["timed-choice"]))
-    return dsn
+    return cluster.create_database(migrated=True)
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.authoring.artifact import write as write_artifact
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine import store
@@ -56,8 +57,11 @@ WORKFLOWS = ROOT / "workflows"
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
 
-def coordinator(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``coordinator`` as a separate process, as a user would."""
+def coordinator(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``coordinator`` as a separate process, as a user would (``env``: more of its
+    environment)."""
     return subprocess.run(
         [sys.executable, "-m", "registry_coordinator", *map(str, args)],
         capture_output=True,
@@ -65,7 +69,7 @@ def coordinator(*args: str | Path, cwd: Path | None = None) -> subprocess.Comple
         cwd=cwd or ROOT,
         timeout=120,
         check=False,
-        env=process_env(),
+        env=process_env(**(env or {})),
     )
 
 
@@ -85,12 +89,35 @@ class Cluster:
     def __init__(self, directory: Path) -> None:
         self.server = EmbeddedPostgres(directory / "pgdata")
         self.admin = self.server.start()
+        self._template: str | None = None
 
-    def create_database(self) -> str:
+    def create_database(self, *, migrated: bool = False) -> str:
+        """A new database: empty, or ``migrated`` to this build's schema — a copy of one
+        migrated once for the cluster, which takes a fraction of migrating each."""
         name = "t_" + uuid.uuid4().hex[:12]
+        template = f" TEMPLATE {self._migrated_template()}" if migrated else ""
         with sync_connection(self.admin) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
+            conn.execute(f"CREATE DATABASE {name}{template}")
+        return self._dsn(name)
+
+    def _dsn(self, name: str) -> str:
         return self.admin.replace("/coordinator?", f"/{name}?")
+
+    def _migrated_template(self) -> str:
+        """The database migrated ones are copied from, made on first use by
+        ``coordinator migrate`` itself; nothing connects to it afterwards (a template
+        must have no sessions while it is copied)."""
+        if self._template is None:
+            name = "template_" + uuid.uuid4().hex[:12]
+            with sync_connection(self.admin) as conn:
+                conn.execute(f"CREATE DATABASE {name}")
+            directory = Path(tempfile.mkdtemp(prefix="coordinator-template-"))
+            try:
+                migrate(write_config(directory, self._dsn(name), []))
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            self._template = name
+        return self._template
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         """pg_ctl on this cluster's data directory, as the server's own user, waiting for it;
@@ -169,30 +196,19 @@ def free_port() -> int:
 
 def package(workflow: str | Path, output: Path) -> tuple[Path, str]:
     """Package tests/workflows/<workflow>.yaml (or a shipped workflow directory, or the
-    workflow file at a path)."""
+    workflow file at a path) as ``coordinator package`` does, in this process: the
+    command itself is tested in tests/offline/test_cli.py, and a Python start per
+    workflow was a large part of every service test's set-up."""
     if isinstance(workflow, Path):
         source = workflow
     else:
         source = TEST_WORKFLOWS / f"{workflow}.yaml"
         if not source.exists():
             source = ROOT / "workflows" / workflow
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "registry_coordinator",
-            "package",
-            str(source),
-            "--output",
-            str(output),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    digest = result.stdout.strip()
-    written = result.stderr.strip().removeprefix("wrote ")
-    return Path(written), digest
+    checked = check_source(source)
+    if checked.definition is None or checked.artifact is None or checked.digest is None:
+        raise Refused(checked.diagnostics)
+    return write_artifact(checked.artifact, checked.definition, output), checked.digest
 
 
 STANDIN_TOKEN = "test-token-1"
@@ -656,10 +672,9 @@ class Services:
         return self.start(self.configure(workflows, **options))
 
     def configure(self, workflows: Sequence[str | Path], **options: Any) -> Path:
-        """A migrated configuration, for the test to start a service on when it chooses."""
-        config = write_config(self.directory, self.dsn, workflows, **options)
-        migrate(config)
-        return config
+        """A configuration, for the test to start a service on when it chooses (its
+        database, the ``dsn`` fixture's, is migrated)."""
+        return write_config(self.directory, self.dsn, workflows, **options)
 
     def start(self, config: Path, log: Path | None = None, crash_at: str | None = None) -> Service:
         """A service listening on ``config``, logging to ``log`` (``service.log`` unless

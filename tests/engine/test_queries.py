@@ -10,14 +10,7 @@ from typing import Any, cast
 import pytest
 
 from registry_coordinator.engine.database import QUERIES, Connection, UnknownQuery, sync_connection
-from tests.harness import ROOT, Cluster, database, migrate, write_config
-
-
-@pytest.fixture(scope="module")
-def schema(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
-    dsn = cluster.create_database()
-    migrate(write_config(tmp_path_factory.mktemp("queries"), dsn, ["timed-choice"]))
-    return dsn
+from tests.harness import ROOT, database
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

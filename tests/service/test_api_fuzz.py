@@ -88,7 +88,7 @@ def live_api(
         "jwksFile": str(jwks_path(key)),
         "policies": [{"client": "operators", "scopes": ["coordinator.operate"], "operator": True}],
     }
-    dsn = cluster.create_database()
+    dsn = cluster.create_database(migrated=True)
     extra = {"limits": {"requestBody": BODY_LIMIT}, "auth": auth}
     with Services(directory, dsn) as services:
         service = services(["timed-choice"], extra=extra)
