@@ -21,7 +21,18 @@ from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.engine.claims import Cancelled, Claimed, Settlement
-from registry_coordinator.engine.statements import columns, plan, statement, wait_due
+from registry_coordinator.engine.statements import (
+    CALL_OUTCOMES,
+    INTERRUPTED,
+    call_outcome,
+    columns,
+    plan,
+    result_polled,
+    result_read,
+    statement,
+    wait_due,
+)
+from registry_coordinator.http.console import wording
 from registry_coordinator.semantics.codes import FailureCode, HoldCode, RunState
 from registry_coordinator.semantics.steps import (
     Advance,
@@ -31,6 +42,8 @@ from registry_coordinator.semantics.steps import (
     Fetch,
     Finished,
     Held,
+    Reply,
+    ReplyKind,
     Request,
     Retry,
     Send,
@@ -71,6 +84,7 @@ def held_at(workflow: str, step: str, run_input: Any = None, **fields: Any) -> C
         owner="holder:1",
         token=TOKEN,
         dispatched=False,
+        traceparent=None,
         clock=(NOW, 0.0),
     )
     return replace(run, **fields)
@@ -467,3 +481,67 @@ def test_a_wait_falls_due_at_its_poll_spread_by_a_tenth_or_at_its_timeout_or_dea
     assert wait_due(NOW, soon, deadline, POLL, jitter=lambda: 0.5) == soon
     assert wait_due(NOW, None, deadline, None) == deadline
     assert wait_due(NOW, None, soon, POLL) == soon
+
+
+def test_a_settled_call_says_first_what_became_of_its_request() -> None:
+    """The event that says what became of a dispatched request comes before the
+    transition's, at the call's step, and the snapshot the holder goes on with counts it."""
+    run = held_at("bench-four", "read", {"recordId": "app-1"}, dispatched=True)
+    answered = Advance("decide", "next", {"data": {"domainData": {"status": "x"}}}, True)
+    planned = plan(
+        definition("bench-four"),
+        run,
+        answered,
+        LEASE,
+        keep_lease=True,
+        poll=POLL,
+        now=NOW,
+        settlement=Settlement("response", 200, b"{}"),
+        go_on=True,
+        outcome=call_outcome(Settlement("response", 200, b"{}"), run.attempt),
+    )
+    st = planned.statement
+    assert st["kinds"][:3] == ["call-answered", "step-completed", "step-completed"]
+    assert st["event_steps"][:3] == ["read", "read", "decide"]
+    assert st["events"][0].obj == {"attempt": 2, "status": 200}
+    assert planned.run.seq == run.seq + len(st["kinds"])
+
+
+@pytest.mark.parametrize(
+    ("outcome", "kind"),
+    [
+        ("response", "call-answered"),
+        ("not-sent", "call-not-sent"),
+        ("lost", "call-lost"),
+        ("interrupted", "call-lost"),
+    ],
+)
+def test_each_outcome_of_a_sending_is_one_of_three_events(outcome: str, kind: str) -> None:
+    said = call_outcome(Settlement(outcome, 200 if outcome == "response" else None), 3, "why")
+    assert said.kind == kind == CALL_OUTCOMES[outcome]
+    if outcome == "response":
+        assert said.detail == {"attempt": 3, "status": 200}
+    else:
+        assert said.detail == {"attempt": 3, "detail": "why"}
+    assert wording.event(kind), "the console has words for it"
+
+
+def test_a_lost_call_says_why_with_its_text_made_storable() -> None:
+    assert call_outcome(Settlement("interrupted"), 1).detail["detail"] == INTERRUPTED
+    assert call_outcome(Settlement("lost"), 1, "reset\x00").detail["detail"] == "reset\\u0000"
+
+
+def test_a_poll_keeps_the_answer_and_why_there_was_none() -> None:
+    url = "http://casework.test/v1/review-requests/r/result"
+    busy = result_polled(url, Reply(ReplyKind.RESPONSE, 503, b"busy", None, ""))
+    assert busy == {"url": url, "status": 503, "outcome": "response"}
+    refused = result_polled(url, Reply(ReplyKind.NOT_SENT, detail="ConnectError: refused"))
+    assert refused == {
+        "url": url,
+        "status": None,
+        "outcome": "not-sent",
+        "detail": "ConnectError: refused",
+    }
+    read = result_read(url, 200, "r")
+    assert (read.kind, read.detail) == ("result-read", {"url": url, "status": 200, "key": "r"})
+    assert wording.event("result-polled") and wording.event("result-read")

@@ -65,6 +65,10 @@ REVERSALS: dict[int, str] = {
         DROP TABLE audit_checkpoints;
         DELETE FROM coordinator_migrations WHERE version = 10;
     """,
+    11: """
+        ALTER TABLE runs DROP COLUMN traceparent;
+        DELETE FROM coordinator_migrations WHERE version = 11;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when
@@ -290,9 +294,15 @@ def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
     # resent it; the notice held until the operator's reconcile found its receipt.
     after = {
         notice: ["reconciled", "finished"],
-        awaiting: ["result-delivered", "step-completed", "finished"],
-        reading: ["retry-scheduled", "call-dispatched", "step-completed", "finished"],
-        acting: ["held", "retry-same", "call-dispatched", "step-completed", "finished"],
+        awaiting: ["result-delivered", "result-read", "step-completed", "finished"],
+        reading: [
+            *("call-lost", "retry-scheduled"),
+            *("call-dispatched", "call-answered", "step-completed", "finished"),
+        ],
+        acting: [
+            *("call-lost", "held", "retry-same"),
+            *("call-dispatched", "call-answered", "step-completed", "finished"),
+        ],
         sleeping: ["step-completed", "step-completed", "finished"],
     }
     total = 0

@@ -49,6 +49,7 @@ class Claimed:
     owner: str
     token: uuid.UUID  # this claim's lease token: every write is fenced on it
     dispatched: bool  # a call's request was sealed and may have left, with no outcome recorded
+    traceparent: str | None  # the W3C trace context the run was started in, if any
     clock: tuple[datetime, float] = field(repr=False)  # database time at claim, trio time then
 
     @classmethod
@@ -70,6 +71,7 @@ class Claimed:
             owner=row["lease_owner"],
             token=row["lease_token"],
             dispatched=row["dispatched_at"] is not None,
+            traceparent=row["traceparent"],
             clock=(row["now"], trio.current_time()),
         )
 
