@@ -24,6 +24,7 @@ from registry_coordinator.engine.calls import Calls, Proceed, Sending, open_prod
 from registry_coordinator.engine.config import Config, load_config
 from registry_coordinator.engine.database import Database, StatementFailed, sync_connection
 from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.statements import INTERRUPTED
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import operations
@@ -126,6 +127,7 @@ async def test_a_shutdown_while_a_run_goes_on_after_its_call_keeps_the_answer(
     assert kinds == [
         ("admitted", "read"),
         ("call-dispatched", "read"),
+        ("call-answered", "read"),
         ("step-completed", "read"),
         ("step-completed", "decide"),
     ]
@@ -163,7 +165,13 @@ async def test_a_request_sealed_as_the_shutdown_came_is_recorded_as_not_sent(
         )
     assert product.ledger.requests == []
     history = events(dsn, str(run.id))
-    assert [e["kind"] for e in history] == ["admitted", "call-dispatched", "retry-scheduled"]
+    assert [e["kind"] for e in history] == [
+        "admitted",
+        "call-dispatched",
+        "call-not-sent",
+        "retry-scheduled",
+    ]
+    assert history[2]["detail"] == {"attempt": 1, "detail": "the service stopped before sending"}
     assert history[-1]["detail"]["detail"] == "not sent: the service stopped before sending"
     assert run_row(dsn)["dispatched_at"] is None
 
@@ -209,10 +217,12 @@ async def test_an_answer_after_the_claim_was_lost_is_kept_and_reconcile_uses_it(
     assert [e["kind"] for e in history] == [
         "admitted",
         "call-dispatched",
+        "call-lost",  # recorded by the holder that took the run over, finding it dispatched
         "held",
         "late-answer",
         "reconciled",
     ]
+    assert history[2]["detail"] == {"attempt": 1, "detail": INTERRUPTED}
     assert history[-1]["detail"]["evidence"] == "late-answer"
     assert len(product.ledger.requests) == 1  # nothing was sent again
     with sync_connection(dsn) as conn:
@@ -240,7 +250,9 @@ async def test_an_answer_the_database_refuses_holds_the_run_with_the_answer_kept
     row = run_row(dsn)
     assert row["hold_code"] == "engine-defect"
     history = events(dsn, str(run.id))
-    assert [e["kind"] for e in history] == ["admitted", "call-dispatched", "held"]
+    # The answer came back; the hold is the database's refusal to record it.
+    assert [e["kind"] for e in history] == ["admitted", "call-dispatched", "call-answered", "held"]
+    assert history[2]["detail"] == {"attempt": 1, "status": 200}
     assert "the database refused to record the answer (2xx)" in history[-1]["detail"]["detail"]
     with sync_connection(dsn) as conn:
         execution = conn.execute("SELECT outcome, status, response FROM executions").fetchone()

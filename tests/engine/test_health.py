@@ -16,10 +16,12 @@ from tests.harness import admit, database
 async def test_a_database_that_answers_is_ready_and_counts_its_active_runs(dsn: str) -> None:
     async with database(dsn) as db:
         assert await health.database(db) == {"ok": True}
-        assert await health.active_runs(db) == dict.fromkeys(health.ACTIVE, 0)
+        assert await health.runs_now(db) == health.Runs(dict.fromkeys(health.ACTIVE, 0), 0)
         await admit(db, "timed-choice", {"answer": "no"})
-        counts = await health.active_runs(db)
-    assert counts is not None and list(counts) == [
+        now = await health.runs_now(db)
+    assert now is not None and now.held_longest == 0
+    counts = now.counts
+    assert list(counts) == [
         RunState.RUNNING,
         RunState.WAITING,
         RunState.HELD,
@@ -38,5 +40,5 @@ async def test_a_database_that_does_not_answer_in_time_is_not_ready(
         "ok": False,
         "detail": f"no answer within {health.PATIENCE} s",
     }
-    assert await health.active_runs(never) is None
+    assert await health.runs_now(never) is None
     assert trio.current_time() - started == pytest.approx(2 * health.PATIENCE)

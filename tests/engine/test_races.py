@@ -236,13 +236,17 @@ async def test_a_settlement_sent_again_after_an_outage_hid_its_commit_applies_on
         # It still holds the run, at the mutation the read led to.
         assert again.held and again.run.step == "act"
         assert again.ahead is not None and isinstance(again.ahead.transition, Send)
-    kinds = [(e["kind"], e["step"]) for e in events(dsn, str(run_id))]
+    history = events(dsn, str(run_id))
+    kinds = [(e["kind"], e["step"]) for e in history]
     assert kinds == [
         ("admitted", "read"),
         ("call-dispatched", "read"),
+        ("call-answered", "read"),
         ("step-completed", "read"),
         ("step-completed", "decide"),
     ]
+    assert history[2]["detail"] == {"attempt": 1, "status": 200}
+    assert again.run.seq == history[-1]["seq"]  # the holder's snapshot counts every event
 
 
 @pytest.mark.trio

@@ -137,7 +137,8 @@ def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(
     assert len(posts) == 1
     state = run_state(dsn, run)
     assert state["hold_code"] == "dispatch-interrupted"
-    assert kinds(dsn, run) == ["admitted", "call-dispatched", "held"]
+    # The holder after the restart found the call dispatched with no answer recorded.
+    assert kinds(dsn, run) == ["admitted", "call-dispatched", "call-lost", "held"]
 
 
 def test_401_holds_422_fails_and_503_waits_its_retry_after(dsn: str, services: Services) -> None:

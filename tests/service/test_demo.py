@@ -20,7 +20,9 @@ def test_the_demo_ends_approved_and_notified_and_runs_again(tmp_path: Path) -> N
     assert first.returncode == 0, first.stdout + first.stderr
     assert "Outcome: finished approved-and-notified" in first.stdout
     assert "a signed webhook delivered review-decision" in first.stdout
-    assert "#15  finished" in first.stdout
+    assert "read_application: the product answered 200" in first.stdout
+    assert "await_decision: read the result, as the webhook said" in first.stdout
+    assert "#20  finished" in first.stdout
     second = coordinator("demo", "--data", data)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "Outcome: finished approved-and-notified" in second.stdout

@@ -137,7 +137,14 @@ def test_cancel_with_a_call_in_flight_takes_effect_when_it_settles(
     time.sleep(2.5)  # past the wait-until: nothing moves a cancelled run
     assert run_state(dsn, waiting)["state"] == "cancelled"
     kinds = [e["kind"] for e in events(dsn, run)]
-    assert kinds == ["admitted", "call-dispatched", "cancel-requested", "cancelled"]
+    # What became of the request in flight is recorded, then the cancellation it waited for.
+    assert kinds == [
+        "admitted",
+        "call-dispatched",
+        "cancel-requested",
+        "call-answered",
+        "cancelled",
+    ]
     assert events(dsn, run)[2]["detail"] == {"reason": "applicant withdrew"}
     with sync_connection(dsn) as conn:
         assert conn.execute("SELECT count(*) AS n FROM waits").fetchone() == {"n": 0}

@@ -39,11 +39,13 @@ def reviews(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def new_review(products: StandIns) -> str:
+    """A review request at the stand-in Casework, not decided yet."""
     response = httpx.post(
         products.url("casework") + "/v1/review-requests",
         headers=AUTH,
         json={"kind": "application-review", "subject": {"type": "a", "id": "1"}},
     )
+    assert response.status_code == 201, response.text
     return str(response.json()["requestId"])
 
 
@@ -90,23 +92,28 @@ def test_a_signed_webhook_wakes_the_run_through_the_whole_tutorial(
     assert steps == [
         ("admitted", "read_application"),
         ("call-dispatched", "read_application"),
+        ("call-answered", "read_application"),
         ("step-completed", "read_application"),
         ("call-dispatched", "request_review"),
+        ("call-answered", "request_review"),
         ("step-completed", "request_review"),
         ("waiting", "await_decision"),
         ("result-delivered", "await_decision"),
+        ("result-read", "await_decision"),
         ("step-completed", "await_decision"),
         ("step-completed", "route"),
         ("call-dispatched", "notify"),
+        ("call-answered", "notify"),
         ("step-completed", "notify"),
         ("waiting", "await_delivery"),
         ("result-delivered", "await_delivery"),
+        ("result-read", "await_delivery"),
         ("step-completed", "await_delivery"),
         ("finished", "approved"),
     ]
-    accepted = at(history[6])
-    resumed = at(history[7]) - accepted
-    next_step = at(history[8]) - accepted
+    accepted = at(history[8])
+    resumed = at(history[10]) - accepted
+    next_step = at(history[11]) - accepted
     print(
         f"webhook accepted -> wait completed {resumed.total_seconds() * 1000:.1f} ms, "
         f"-> next step committed {next_step.total_seconds() * 1000:.1f} ms"

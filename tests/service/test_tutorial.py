@@ -46,10 +46,11 @@ def test_every_tutorial_command_runs_in_order() -> None:
         kinds = [line.split()[2] for line in history.splitlines() if "  #" in line]
         after = kinds[kinds.index("held") :]
         # notify completes from Messaging's receipt; the delivery webhook may arrive before
-        # the wait begins (then no result-delivered event: the wait finds it at once).
+        # the wait begins (then no result-delivered event: the wait finds it at once). The
+        # wait completes on the result it reads from Messaging.
         assert after[:3] == ["held", "reconciled", "waiting"], kinds
-        assert after[-2:] == ["step-completed", "finished"], kinds
-        assert set(after[3:-2]) <= {"result-delivered"}, kinds
+        assert after[-3:] == ["result-read", "step-completed", "finished"], kinds
+        assert set(after[3:-3]) <= {"result-delivered"}, kinds
         assert re.search(r"bundle of run \S+: \d+ events chained, the first \d+ under", output)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

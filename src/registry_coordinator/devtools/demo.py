@@ -352,6 +352,18 @@ def narrate(event: dict[str, Any]) -> str:
         return f"admitted: {detail['workflow']} version {detail['version']}"
     if kind == "call-dispatched":
         return f"{step}: {detail['method']} {detail['url']}"
+    if kind == "call-answered":
+        return f"{step}: the product answered {detail['status']}"
+    if kind == "call-not-sent":
+        return f"{step}: not sent ({detail['detail']})"
+    if kind == "call-lost":
+        return f"{step}: no answer, whether it arrived is unknown ({detail['detail']})"
+    if kind == "result-polled":
+        answer = detail["status"] or detail["outcome"]
+        return f"{step}: polled {detail['url']}: {answer}, no result yet"
+    if kind == "result-read":
+        came = ", as the webhook said" if detail["delivered"] else ""
+        return f"{step}: read the result{came}: {detail['url']} answered {detail['status']}"
     if kind == "step-completed":
         return f"{step}: done, next {detail['next']} (via {detail['via']})"
     if kind == "waiting":

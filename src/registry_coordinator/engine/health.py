@@ -1,17 +1,20 @@
-"""What the service's probes read from the database: whether it answers, and how many runs
-are in each state that has not ended.
+"""What the service's probes read from the database: whether it answers, how many runs
+are in each state that has not ended, and how long the run held longest has been held.
 
-Both are read while a caller waits (``/ready``, a ``/metrics`` scrape), so both give up
+All are read while a caller waits (``/ready``, a ``/metrics`` scrape), so both give up
 after :data:`PATIENCE` seconds and say so rather than raise: a probe answers at once, and
 an outage is part of what it reports, never an error of its own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import trio
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine.database import Database, Unavailable
+from registry_coordinator.engine import store
+from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
 from registry_coordinator.semantics.codes import RunState
 
 #: Seconds a probe waits for the database before calling it unreachable: well inside the
@@ -32,13 +35,22 @@ async def database(db: Database) -> JSON:
     return {"ok": True}
 
 
-async def active_runs(db: Database) -> dict[RunState, int] | None:
-    """How many runs are in each of the :data:`ACTIVE` states (0 for one with none), or
-    None if the database does not answer in time: the gauges then keep their last values."""
+@dataclass(frozen=True)
+class Runs:
+    """The runs in flight, as a scrape describes them."""
+
+    counts: dict[RunState, int]  # in each of the ACTIVE states, 0 for one with none
+    held_longest: float  # seconds since the run held longest was held; 0 when none is
+
+
+async def runs_now(db: Database) -> Runs | None:
+    """The runs in flight now, or None if the database does not answer both reads within
+    :data:`PATIENCE` (or refuses one): the gauges then keep their last values."""
     try:
         with trio.fail_after(PATIENCE):
             rows = await db.rows("active_runs_by_state")
-    except (trio.TooSlowError, Unavailable):
+            held_longest = await store.held_longest(db)
+    except (trio.TooSlowError, Unavailable, StatementFailed):
         return None
     counts = {row["state"]: row["runs"] for row in rows}
-    return {state: counts.get(state, 0) for state in ACTIVE}
+    return Runs({state: counts.get(state, 0) for state in ACTIVE}, held_longest)

@@ -1,8 +1,9 @@
 """Prometheus metrics (prefix ``coordinator_``), with the maintained prometheus_client.
 
-Counters and histograms are this process's; the gauges of runs by state are read
-from PostgreSQL at scrape time (an index-only count of the runs in flight), so
-every process reports the same totals for them.
+Counters and histograms are this process's; the gauges of runs by state, and how long
+the run held longest has been held, are read from PostgreSQL at scrape time (an
+index-only count of the runs in flight; the held runs' latest hold events), so every
+process reports the same figures for them.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class Metrics:
             registry=r,
         )
         self.held = Gauge("coordinator_held_runs", "Runs held for an operator", registry=r)
+        self.held_longest = Gauge(
+            "coordinator_held_runs_oldest_seconds",
+            "Seconds since the run held longest was held, 0 when none is (from the database)",
+            registry=r,
+        )
         self.transitions = Counter(
             "coordinator_step_transitions",
             "Step transitions committed, by step type",
@@ -60,6 +66,26 @@ class Metrics:
             "Product calls, from send to answer",
             ["connection", "operation", "result"],
             buckets=_LATENCY,
+            registry=r,
+        )
+        self.result_fetches = Histogram(
+            "coordinator_result_fetch_duration_seconds",
+            "Reads of wait-for results (after a webhook, or polling), from send to answer",
+            ["connection", "operation", "result"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.receipt_lookups = Histogram(
+            "coordinator_receipt_lookup_duration_seconds",
+            "Receipt lookups of reconcile, from send to answer",
+            ["connection", "operation", "result"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.pool_size = Gauge(
+            "coordinator_pool_size",
+            "Requests a connection may have open at once (its poolSize)",
+            ["connection"],
             registry=r,
         )
         self.pool_in_use = Gauge(
@@ -117,6 +143,14 @@ class Metrics:
         """A run ended in this process."""
         self.runs_ended.labels(workflow, state, outcome).inc()
         self.on_end()
+
+    def result_fetched(self, connection: str, operation: str, result: str, seconds: float) -> None:
+        """A wait-for's result was read with the catalog's fetch ``operation``."""
+        self.result_fetches.labels(connection, operation, result).observe(seconds)
+
+    def looked_up(self, connection: str, operation: str, result: str, seconds: float) -> None:
+        """reconcile asked the product for its receipt of a call of ``operation``."""
+        self.receipt_lookups.labels(connection, operation, result).observe(seconds)
 
     def woke(self, lateness: list[float]) -> None:
         """The timer took wait-untils on to their next step, each this many seconds late."""

@@ -7,6 +7,10 @@ kind of transition that it does not handle is a type error (``assert_never``), n
 run committed with default columns. :func:`plan` takes the steps after an Advance
 that need nothing from outside into the same statement (``go_on``), each with its
 own event, so a crash commits all of them or none.
+
+A transition that follows a product's answer is preceded, in the same statement, by the
+event that says what became of the request (:class:`Outcome`): a dispatched call's fate
+(:data:`CALL_OUTCOMES`) or the result read that completes a wait-for (``result-read``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, assert_never
 
 from psycopg.types.json import Jsonb
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.authoring.workflow import WaitFor
@@ -32,10 +37,13 @@ from registry_coordinator.semantics.steps import (
     Fetch,
     Finished,
     Held,
+    Reply,
+    ReplyKind,
     Retry,
     Send,
     Sleep,
     Transition,
+    detail,
     on_due,
     woke,
 )
@@ -43,6 +51,24 @@ from registry_coordinator.semantics.steps import (
 #: What a holder may commit in the same statement as the Advance before it: entering these
 #: steps needs neither a product nor a wait registered, so nothing lies between them.
 TAKEN_AT_ONCE = (Advance, Finished, Failed, Expire, Sleep)
+
+#: What became of a dispatched request, by the outcome its execution records: the history
+#: event the statement that records the outcome writes first. A closed list of three, so
+#: that history tells a request the product answered (``{attempt, status}``) from one that
+#: certainly never left (``{attempt, detail}``: connection refused, the service stopped
+#: before sending) and from one that may have reached the product with no answer recorded
+#: (``{attempt, detail}``: a timeout, a reset, the service stopping during the call or
+#: before recording what came back). ``call-dispatched``, written before a byte is sent,
+#: says only that the request was sealed to be sent. ``record_defect`` writes ``call-lost``
+#: for the sending a defect of Coordinator's own stopped (outcome ``defect``).
+CALL_OUTCOMES = {
+    "response": "call-answered",
+    "not-sent": "call-not-sent",
+    "lost": "call-lost",
+    "interrupted": "call-lost",
+}
+#: Why a call found dispatched by its next holder has no answer recorded.
+INTERRUPTED = "the service stopped after dispatching it and before recording its answer"
 
 #: The parameters of a ``transition`` statement that belong to its first transition.
 _AS_THE_FIRST_HAS_THEM = (
@@ -53,6 +79,44 @@ _AS_THE_FIRST_HAS_THEM = (
     "call_response",
     "call_outcome",
 )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A history event the ``transition`` statement writes before its first transition's:
+    what became of the request the transition follows from."""
+
+    kind: str
+    detail: dict[str, JSON]
+
+
+def call_outcome(settlement: Settlement, attempt: int, why: str = "") -> Outcome:
+    """The event for the ``attempt``-th sending of a call settled as ``settlement``;
+    ``why`` says why no answer came (the reply's detail), for one that has none."""
+    kind = CALL_OUTCOMES[settlement.outcome]
+    if settlement.outcome == "response":
+        return Outcome(kind, {"attempt": attempt, "status": settlement.status})
+    if settlement.outcome == "interrupted":
+        return Outcome(kind, {"attempt": attempt, "detail": detail(why or INTERRUPTED)})
+    return Outcome(kind, {"attempt": attempt, "detail": detail(why or "no detail")})
+
+
+def result_read(url: str, status: int, key: str) -> Outcome:
+    """The event for the read of a wait-for's result that completes its step. The
+    statement adds ``delivered``: whether a signed webhook had delivered this result and
+    key (the read is then the authoritative confirmation of it). It says no more than
+    that — not that the delivery caused this read: a read a webhook woke may have found
+    no result yet, and a later poll the one that did."""
+    return Outcome("result-read", {"url": url, "status": status, "key": key})
+
+
+def result_polled(url: str, reply: Reply) -> dict[str, JSON]:
+    """A read of a wait-for's result that found none usable yet, as its ``result-polled``
+    event says it (recorded only when it differs from the wait's last: ``release_wait``)."""
+    said: dict[str, JSON] = {"url": url, "status": reply.status, "outcome": reply.kind.value}
+    if reply.kind is not ReplyKind.RESPONSE:
+        said["detail"] = detail(reply.detail)
+    return said
 
 
 @dataclass(frozen=True)
@@ -89,15 +153,19 @@ def plan(
     now: datetime,
     settlement: Settlement | None,
     go_on: bool,
+    outcome: Outcome | None = None,
 ) -> Plan:
     """The statement for ``transition`` and, with ``go_on``, the steps after it for as
     long as they are :data:`TAKEN_AT_ONCE` (each decided at ``now``, from the run as the
     steps before it left it). The first step after them is decided too, and handed on
-    as :attr:`Plan.ahead` rather than decided again."""
+    as :attr:`Plan.ahead` rather than decided again. ``outcome``, if any, is the event
+    written before the first transition's (:class:`Outcome`)."""
     params, wait = columns(definition, run, transition, lease, keep_lease, poll, now, settlement)
     taken: list[tuple[str, Transition | Cancelled]] = [(run.step, transition)]
     events = [params]
     moved = after(run, params, now)
+    if outcome is not None:
+        moved = replace(moved, seq=moved.seq + 1)
     ahead = None
     while go_on and isinstance(taken[-1][1], Advance) and params["lease_token"] is not None:
         assert definition is not None
@@ -110,7 +178,8 @@ def plan(
         events.append(params)
         moved = after(moved, params, now)
     leaves_wait = run.state == RunState.WAITING
-    return Plan(statement(events, leaves_wait=leaves_wait), wait, tuple(taken), moved, ahead)
+    merged = statement(events, leaves_wait=leaves_wait, outcome=outcome)
+    return Plan(merged, wait, tuple(taken), moved, ahead)
 
 
 def after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
@@ -128,21 +197,26 @@ def after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
     )
 
 
-def statement(transitions: list[dict[str, Any]], *, leaves_wait: bool) -> dict[str, Any]:
+def statement(
+    transitions: list[dict[str, Any]], *, leaves_wait: bool, outcome: Outcome | None = None
+) -> dict[str, Any]:
     """One ``transition`` statement for transitions taken one after another: the run's
-    columns as the last leaves them, what each step recorded, an event for each, and the
-    settled call (if any) and the cancellation check as the first has them. With
-    ``leaves_wait`` the run was waiting, and any wait it had registered is dropped."""
+    columns as the last leaves them, what each step recorded, an event for each (after
+    ``outcome``'s, at the first one's step), and the settled call (if any) and the
+    cancellation check as the first has them. With ``leaves_wait`` the run was waiting,
+    and any wait it had registered is dropped."""
     first, last = transitions[0], transitions[-1]
+    before = [] if outcome is None else [(outcome.kind, first["event_step"], outcome.detail)]
+    written = before + [(t["kind"], t["event_step"], t["event"]) for t in transitions]
     merged = {name: value for name, value in last.items() if name not in ("kind", "event")}
     merged["leaves_wait"] = leaves_wait
     merged.update({name: first[name] for name in _AS_THE_FIRST_HAS_THEM})
     merged.update(
         outputs={k: v for t in transitions for k, v in t["outputs"].items()},
         completed={k: v for t in transitions for k, v in t["completed"].items()},
-        kinds=[t["kind"] for t in transitions],
-        event_steps=[t["event_step"] for t in transitions],
-        events=[Jsonb(t["event"]) for t in transitions],
+        kinds=[kind for kind, _, _ in written],
+        event_steps=[step for _, step, _ in written],
+        events=[Jsonb(event) for _, _, event in written],
     )
     return merged
 

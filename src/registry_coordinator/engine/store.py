@@ -68,6 +68,7 @@ __all__ = [
     "commit",
     "dispatch",
     "extend_leases",
+    "held_longest",
     "history",
     "keep_late_answer",
     "late_answer",
@@ -149,9 +150,11 @@ async def admit(
     start_key: str,
     run_input: JSON,
     asked_version: str | None = None,
+    traceparent: str | None = None,
 ) -> Admitted:
     """Create a run due at once, or find the one this caller's key already started (even
-    while admission is held: that start was admitted before the hold)."""
+    while admission is held: that start was admitted before the hold). ``traceparent``
+    is the caller's W3C trace context, already checked: the run's spans continue it."""
     started = start_digest(definition.id, asked_version, run_input)
     run_id = uuid.uuid4()
     params = {
@@ -165,6 +168,7 @@ async def admit(
         "step": definition.workflow.start,
         "deadline": definition.workflow.deadline,
         "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
+        "traceparent": traceparent,
     }
     gate = await db.row("admit_run", params)
     assert gate is not None, "schema 7 gives admission its row"
@@ -251,6 +255,8 @@ async def commit(
     *,
     keep_lease: bool = True,
     settlement: Settlement | None = None,
+    no_answer: str = "",
+    read: statements.Outcome | None = None,
     poll: timedelta | None = None,
     now: datetime | None = None,
     go_on: bool = False,
@@ -262,13 +268,17 @@ async def commit(
     that follow an Advance are taken in the same statement for as long as they need
     nothing from outside (a choose, a finish, a wait-until): each still gets its own
     history event, and a crash commits all of them or none. A ``settlement`` records
-    a call's outcome in the same statement; if an operator asked to cancel while the
+    a call's outcome in the same statement, with the history event that says what became
+    of the request, before the transition's (``statements.CALL_OUTCOMES``; ``no_answer``
+    says why none came, for a call without one); if an operator asked to cancel while the
     call was in flight, the run is cancelled instead of going on. A settlement that an
     earlier sending of the same statement already recorded (an outage hid that it
-    committed) is success, not a second transition. ``poll`` is how often a run
-    entering a wait-for reads its result if no delivery wakes it. ``now`` is the
-    instant the transition was decided at, which its history events record.
-    ``definition`` may be None only to expire a run whose definition cannot be used.
+    committed) is success, not a second transition. ``read`` is the read of a wait-for's
+    result that completes its step (``statements.result_read``), its ``result-read``
+    event written first in the same way. ``poll`` is how often a run entering a wait-for
+    reads its result if no delivery wakes it. ``now`` is the instant the transition was
+    decided at, which its history events record. ``definition`` may be None only to
+    expire a run whose definition cannot be used.
     One statement does it all, but where a wait-for begins: then the wait is
     registered in the same transaction, which first takes the result key's lock
     (``lock_result_key``) so that a delivery committing meanwhile is not missed.
@@ -276,6 +286,9 @@ async def commit(
     now = now or run.now()
     if settlement is None and run.dispatched:
         settlement = Settlement("interrupted")  # the holder stopped during the call
+    outcome = (
+        read if settlement is None else statements.call_outcome(settlement, run.attempt, no_answer)
+    )
     planned = statements.plan(
         definition,
         run,
@@ -286,6 +299,7 @@ async def commit(
         now=now,
         settlement=settlement,
         go_on=go_on,
+        outcome=outcome,
     )
     async with db.connection() as conn:
         if planned.wait is not None:
@@ -316,6 +330,7 @@ async def commit(
             now=now,
             settlement=settlement,
             go_on=False,
+            outcome=outcome,
         )
         if not await conn.row("transition", instead.statement):
             raise LeaseLost(str(run.id))
@@ -337,14 +352,28 @@ async def _begin_waiting(
     return planned.committed(woken["due_at"] if woken is not None else None)
 
 
-async def release_wait(db: Database, run: Claimed, poll: timedelta | None) -> datetime:
+async def release_wait(
+    db: Database, run: Claimed, poll: timedelta | None, polled: JSON = None
+) -> datetime:
     """Give back a waiting run whose result was not final; returns when it is due next:
     at its poll, timeout or deadline — or at once if a delivery was recorded since the
-    run was claimed (so each delivery is followed by one read, and no more)."""
-    due = wait_due(run.now(), run.timer_at, run.deadline_at, poll)
-    row = await db.row(
-        "release_wait", {"id": run.id, "token": run.token, "seq": run.seq, "due_at": due}
-    )
+    run was claimed (so each delivery is followed by one read, and no more). ``polled``
+    is what the read found (``statements.result_polled``; None: it was not read), kept
+    as a ``result-polled`` event in the same statement only if the wait's last recorded
+    poll found otherwise: a wait polling every minute for weeks records each change of
+    answer, not each poll."""
+    now = run.now()
+    due = wait_due(now, run.timer_at, run.deadline_at, poll)
+    params = {
+        "id": run.id,
+        "token": run.token,
+        "seq": run.seq,
+        "due_at": due,
+        "now": now,
+        "polled": None if polled is None else Jsonb(polled),
+        "actor": run.actor,
+    }
+    row = await db.row("release_wait", params)
     return row["due_at"] if row else due
 
 
@@ -416,6 +445,13 @@ async def keep_late_answer(db: Database, run: Claimed, status: int, body: bytes)
 async def late_answer(db: Database, run_id: uuid.UUID, step: str) -> Row | None:
     """The latest 2xx answer to a call step that came back after its claim was lost."""
     return await db.row("late_answer", {"id": run_id, "step": step})
+
+
+async def held_longest(db: Database) -> float:
+    """Seconds since the run held longest was held (0 when none is)."""
+    row = await db.row("held_longest")
+    assert row is not None
+    return float(row["seconds"])
 
 
 async def status(db: Database, run_id: uuid.UUID) -> Row | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
 from registry_coordinator.authoring.catalog import Operation, Recovery
@@ -32,7 +32,7 @@ from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import TERMINAL, RunState
-from registry_coordinator.semantics.steps import Reply, ReplyKind, build_receipt_request, detail
+from registry_coordinator.semantics.steps import Reply, ReplyKind, detail
 
 MAX_REASON = 1000
 
@@ -98,6 +98,7 @@ class Evidence:
     status: int | None
     body: JSON  # the confirmed output, when ``problems`` is empty
     problems: list[str]
+    lookup: JSON = None  # the receipt lookup made, if any: {url, status, outcome}
 
     @property
     def confirmed(self) -> bool:
@@ -131,18 +132,17 @@ async def _evidence(
     receipt confirms the call; else an answer to the call that came back late, if any."""
     operation = definition.operations[step.id]
     evidence: Evidence | None = None
+    lookup: JSON = None
     if operation.recovery is Recovery.SAME_COMMAND_AND_RECEIPT:
-        product = products[step.connection]
-        lookup = build_receipt_request(operation, key)
-        async with product.limiter:
-            reply = await product.read(lookup)
+        reply, url = await products[step.connection].look_up_receipt(operation, key)
+        lookup = {"url": url, "status": reply.status, "outcome": reply.kind.value}
         evidence = _judge("receipt", definition, operation, reply)
     if evidence is None or not evidence.confirmed:
         late = await store.late_answer(db, run_id, step.id)
         if late is not None:
             answer = Reply(ReplyKind.RESPONSE, late["late_status"], bytes(late["late_response"]))
             evidence = _judge("late-answer", definition, operation, answer)
-    return evidence
+    return None if evidence is None else replace(evidence, lookup=lookup)
 
 
 @dataclass(frozen=True)
@@ -225,6 +225,8 @@ async def _record(
         "receiptStatus": evidence.status,
         "key": key,
     }
+    if evidence.lookup is not None:
+        event["receiptLookup"] = evidence.lookup
     async with _locked(db, run["id"]) as current:
         if current.run["seq"] != run["seq"]:
             raise Problem(409, "run.changed", "the run changed meanwhile; look again")

@@ -66,12 +66,14 @@ async def readiness(context: Context) -> dict[str, JSON]:
 async def scrape(context: Context) -> None:
     """Refresh the gauges that describe the present, just before they are read."""
     metrics = context.metrics
-    counts = await engine_health.active_runs(context.db)
-    if counts is not None:
-        for state, runs in counts.items():
+    now = await engine_health.runs_now(context.db)
+    if now is not None:
+        for state, runs in now.counts.items():
             metrics.runs.labels(state).set(runs)
-        metrics.held.set(counts[RunState.HELD])
+        metrics.held.set(now.counts[RunState.HELD])
+        metrics.held_longest.set(now.held_longest)
     for name, product in context.products.items():
+        metrics.pool_size.labels(name).set(product.config.pool_size)
         metrics.pool_in_use.labels(name).set(product.limiter.borrowed_tokens)
         metrics.pool_queued.labels(name).set(
             max(0, product.queued - product.limiter.borrowed_tokens)

@@ -54,9 +54,11 @@ WITH gate AS MATERIALIZED (
     SELECT held, reason, actor FROM admission FOR SHARE
 ), admitted AS (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
-                      state, step, seq, due_at, admitted_at, deadline_at, updated_at)
+                      state, step, seq, due_at, admitted_at, deadline_at, updated_at,
+                      traceparent)
     SELECT %(id)s, %(digest)s, %(workflow_id)s, %(caller)s, %(start_key)s, %(start_digest)s,
-           %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now()
+           %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now(),
+           %(traceparent)s
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
       AND NOT EXISTS (SELECT FROM archived_runs  -- a key is remembered past archiving
                       WHERE caller = %(caller)s AND start_key = %(start_key)s)
@@ -121,7 +123,7 @@ FROM (
 WHERE r.id = due.id
 RETURNING r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
           r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
-          r.lease_token, r.dispatched_at, clock_timestamp() AS now;
+          r.lease_token, r.dispatched_at, r.traceparent, clock_timestamp() AS now;
 
 -- name: next_due
 -- How long until work falls due: for any worker, and for the timer.
@@ -186,6 +188,8 @@ SELECT lateness FROM moved;
 -- written and the holder commits the cancellation instead. Leaving a wait-for drops
 -- its wait. Events are never dated before the run's last one (a delivery or an
 -- operator may have written one since the holder decided), so `at` grows with `seq`.
+-- A `result-read` event (the read that completes a wait-for) is given its `via` here:
+-- `delivery` if a webhook delivered the result the run waited for, else `poll`.
 WITH moved AS (
     UPDATE runs
     SET state = %(state)s, step = %(step)s, seq = seq + cardinality(%(kinds)s::text[]),
@@ -209,10 +213,21 @@ WITH moved AS (
         outcome = %(call_outcome)s
     WHERE %(call_outcome)s::text IS NOT NULL AND run_id IN (SELECT id FROM moved)
       AND step = %(event_step)s AND settled_at IS NULL
+), delivered AS (  -- the wait as it was: whether a webhook delivered its result and key
+    SELECT EXISTS (
+        SELECT 1 FROM waits w
+        JOIN deliveries d ON d.connection = w.connection AND d.result = w.result
+                         AND d.key = w.key
+        WHERE w.run_id = %(id)s
+    ) AS yes
+    WHERE 'result-read' = ANY (%(kinds)s::text[])
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
 SELECT m.id, m.seq - cardinality(%(kinds)s::text[]) + e.n, m.at, e.kind, e.step,
-       %(actor)s, e.detail
+       %(actor)s,
+       CASE WHEN e.kind = 'result-read'
+            THEN e.detail || jsonb_build_object('delivered', (SELECT yes FROM delivered))
+            ELSE e.detail END
 FROM moved m,
      unnest(%(kinds)s::text[], %(event_steps)s::text[], %(events)s::jsonb[])
          WITH ORDINALITY AS e (kind, step, detail, n)
@@ -407,17 +422,41 @@ SELECT recorded, woke FROM record_delivery(
     %(connection)s, %(event_id)s, %(result)s, %(key)s, %(payload)s);
 
 -- name: release_wait
--- Give back a waiting run whose result was not final.
+-- Give back a waiting run whose result was not final, noting what its read found if that changed.
 --
 -- Give a waiting run back after reading a result that was not final: due again at
 -- its next poll, timeout or deadline — or at once if a delivery was recorded since
 -- it was claimed (its seq moved), which the read may not have seen. Evaluated on the
--- row as it stands once a delivery's transaction has let go of it.
-UPDATE runs
-SET lease_owner = NULL, lease_token = NULL,
-    due_at = CASE WHEN seq <> %(seq)s THEN now() ELSE %(due_at)s END
-WHERE id = %(id)s AND lease_token = %(token)s
-RETURNING due_at;
+-- row as it stands once a delivery's transaction has let go of it. What the read
+-- found (%(polled)s; NULL when the run is given back unread) becomes a result-polled
+-- event only if it differs from the last one this wait recorded (none since its
+-- waiting event): a wait polling for weeks records each change of answer, not each
+-- poll. The event is dated as a transition's is, never before the run's last one.
+WITH last AS (  -- the wait's latest recorded poll, or the event it began waiting with
+    SELECT kind, detail FROM run_events
+    WHERE run_id = %(id)s AND kind IN ('waiting', 'result-polled')
+    ORDER BY seq DESC
+    LIMIT 1
+), noted AS (
+    SELECT %(polled)s::jsonb IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM last WHERE kind = 'result-polled' AND detail = %(polled)s::jsonb
+    ) AS yes
+), moved AS (
+    UPDATE runs r
+    SET lease_owner = NULL, lease_token = NULL,
+        due_at = CASE WHEN r.seq <> %(seq)s THEN now() ELSE %(due_at)s END,
+        seq = r.seq + CASE WHEN n.yes THEN 1 ELSE 0 END,
+        updated_at = CASE WHEN n.yes THEN greatest(%(now)s, r.updated_at)
+                          ELSE r.updated_at END
+    FROM noted n
+    WHERE r.id = %(id)s AND r.lease_token = %(token)s
+    RETURNING r.id, r.seq, r.step, r.updated_at AS at, r.due_at, n.yes
+), evented AS (
+    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+    SELECT id, seq, at, 'result-polled', step, %(actor)s, %(polled)s::jsonb
+    FROM moved WHERE yes
+)
+SELECT due_at FROM moved;
 
 -- name: record_defect
 -- Let go of a run after a defect of Coordinator's own: tried again later, or held.
@@ -426,9 +465,11 @@ RETURNING due_at;
 -- it, due again after %(backoff)s doubled for each defect before — or, at the
 -- %(limit)s-th in a row, or when a call may have left (its outcome is not guessed),
 -- hold it with %(code)s. A held run's open sending is settled as a defect, so an
--- operator's retry-same resends it rather than finding it interrupted again.
+-- operator's retry-same resends it rather than finding it interrupted again; its
+-- history says so (call-lost: no answer was recorded) before the hold.
 WITH judged AS (
-    SELECT id, step, dispatched_at IS NOT NULL OR defects + 1 >= %(limit)s AS holds
+    SELECT id, step, dispatched_at IS NOT NULL AS dispatched,
+           dispatched_at IS NOT NULL OR defects + 1 >= %(limit)s AS holds
     FROM runs WHERE id = %(id)s AND lease_token = %(token)s
     FOR UPDATE
 ), moved AS (
@@ -439,22 +480,29 @@ WITH judged AS (
         detail = CASE WHEN j.holds THEN %(detail)s ELSE r.detail END,
         due_at = CASE WHEN j.holds THEN NULL
                       ELSE clock_timestamp() + %(backoff)s::interval * power(2, r.defects) END,
-        seq = r.seq + CASE WHEN j.holds THEN 1 ELSE 0 END,
+        seq = r.seq + CASE WHEN j.holds THEN 1 + j.dispatched::integer ELSE 0 END,
         dispatched_at = CASE WHEN j.holds THEN NULL ELSE r.dispatched_at END,
         updated_at = CASE WHEN j.holds THEN greatest(clock_timestamp(), r.updated_at)
                           ELSE r.updated_at END
     FROM judged j
     WHERE r.id = j.id
-    RETURNING r.id, r.seq, r.step, r.state, r.defects, r.updated_at AS at, j.holds
+    RETURNING r.id, r.seq, r.step, r.attempt, r.state, r.defects, r.updated_at AS at, j.holds,
+              j.dispatched
 ), settled AS (
     UPDATE executions e SET settled_at = m.at, outcome = 'defect'
     FROM moved m
     WHERE m.holds AND e.run_id = m.id AND e.step = m.step AND e.settled_at IS NULL
 ), evented AS (
     INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-    SELECT id, seq, at, 'held', step, %(actor)s,
-           jsonb_build_object('code', %(code)s::text, 'detail', %(detail)s::text)
-    FROM moved WHERE holds
+    SELECT m.id, m.seq - e.back, m.at, e.kind, m.step, %(actor)s, e.detail
+    FROM moved m, LATERAL (VALUES
+        (1, 'call-lost', jsonb_build_object(
+                'attempt', m.attempt,
+                'detail', 'Coordinator failed before recording what came back')),
+        (0, 'held', jsonb_build_object('code', %(code)s::text, 'detail', %(detail)s::text))
+    ) AS e (back, kind, detail)
+    WHERE m.holds AND (e.kind = 'held' OR m.dispatched)
+    ORDER BY e.back DESC  -- in seq order: each event is chained to the one before it
 )
 SELECT state, defects FROM moved;
 
@@ -526,6 +574,22 @@ LIMIT %(limit)s;
 -- name: active_runs_by_state
 -- How many runs are in flight in each state, for the metrics.
 SELECT state, count(*) AS runs FROM runs WHERE ended_at IS NULL GROUP BY state;
+
+-- name: held_longest
+-- How long the run held longest has been held, in seconds (0 when none is), for the metrics.
+--
+-- Since its latest hold event: a late answer or an operator's note changes a held run's
+-- updated_at, not how long it has waited for someone. runs_active finds the held runs;
+-- each one's hold is the first 'held' found reading its events back from the latest.
+SELECT coalesce(EXTRACT(EPOCH FROM clock_timestamp() - min(h.at)), 0)::float8 AS seconds
+FROM runs r
+CROSS JOIN LATERAL (
+    SELECT e.at FROM run_events e
+    WHERE e.run_id = r.id AND e.kind = 'held'
+    ORDER BY e.seq DESC
+    LIMIT 1
+) h
+WHERE r.state = 'held' AND r.ended_at IS NULL;
 
 -- name: console_held_runs
 -- The held runs a caller may see, oldest held first, each with its step's latest sending.

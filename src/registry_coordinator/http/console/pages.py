@@ -83,6 +83,7 @@ class Sent:
     dispatched_at: datetime | None
     status: int | None
     answer: str | None
+    outcome: str | None  # what became of it: response, not-sent, lost, interrupted, defect
     body: str | None = None  # the sealed request's whole body, where the page shows it
 
     @classmethod
@@ -99,6 +100,7 @@ class Sent:
             row["dispatched_at"],
             row["exec_status"],
             _answer(row["response"]),
+            row["exec_outcome"],
         )
 
     @classmethod
@@ -113,6 +115,7 @@ class Sent:
             row["dispatched_at"],
             row["status"],
             _answer(row["response"]),
+            row["outcome"],
             bytes(row["body"]).decode("utf-8", errors="replace") if row["body"] else None,
         )
 
@@ -262,6 +265,7 @@ async def run_page(context: Context, run_id: str) -> Response:
         steps=list(definition.workflow.steps) if definition else [],
         executions=[dict(e, answer=_answer(e["response"])) for e in executions],
         events=events,
+        event_words=wording.EVENTS,
         done=_done(request.args.get("done"), events),
     )
 

@@ -1,5 +1,6 @@
 """What the console says to people who are not programmers: each hold code in plain words,
-and what each action on a held run would do, before they choose it.
+what each action on a held run would do, before they choose it, and what each kind of
+event in a run's history means.
 
 Every :class:`HoldCode` has words here (a test holds the two lists together), so a new hold
 code cannot reach an operator as a bare code. The words say what Coordinator knows, what it
@@ -102,3 +103,41 @@ ACTIONS = {
         "It does not undo anything a product already did.",
     ),
 }
+
+
+#: Each kind of event a run's history holds, in plain words. A call's request is sealed
+#: (call-dispatched) before it is sent, so what became of it is said by the event after.
+EVENTS = {
+    "admitted": "The run was started.",
+    "call-dispatched": "A request to the product was sealed to be sent; the next event says "
+    "what became of it.",
+    "call-answered": "The product answered the request.",
+    "call-not-sent": "The request never left Coordinator: the product did not receive it.",
+    "call-lost": "The request may have reached the product, but no answer was recorded: "
+    "whether the product acted is unknown.",
+    "late-answer": "The product's answer came back after Coordinator had given up waiting; "
+    "it is kept as evidence.",
+    "retry-scheduled": "The step will be taken again later.",
+    "step-completed": "The step completed.",
+    "waiting": "The run waits: for a result from a product, or until a time.",
+    "result-delivered": "The product said, by a signed webhook, that the result is ready.",
+    "result-polled": "Coordinator asked the product for the result, and it was not ready yet "
+    "(noted again only when the answer changes).",
+    "result-read": "Coordinator read the result from the product.",
+    "held": "The run stopped for an operator to decide.",
+    "retry-same": "An operator had the step taken again, with the same request.",
+    "reconciled": "An operator completed the step on the product's own evidence.",
+    "reconcile-unconfirmed": "An operator asked the product for evidence; it did not confirm "
+    "the step, so the run stays held.",
+    "cancel-requested": "An operator asked to cancel; the run ends once its request in "
+    "flight settles.",
+    "cancelled": "The run was cancelled.",
+    "finished": "The run finished.",
+    "failed": "The run failed.",
+    "expired": "The run's deadline passed before it finished.",
+}
+
+
+def event(kind: str) -> str:
+    """The words for an event kind; none for a kind this build does not know."""
+    return EVENTS.get(kind, "")
