@@ -10,6 +10,10 @@ SIGTERM or SIGINT starts the graceful shutdown: new starts are refused (503
 service.stopping), workers stop claiming and finish the step they are on, calls
 in flight get the configured grace period and are then cancelled (recorded as
 uncertain), and the rest of the nursery is cancelled. No task outlives it.
+
+Tracing, when on, is set up before anything else (a missing exporter is refused in one
+line, before PostgreSQL starts) and flushed last, once every task that makes spans has
+ended: the spans of the steps and calls that finished during the shutdown are sent.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import trio
 import trio_asyncio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+from opentelemetry.sdk.trace.export import SpanExporter
 
-from registry_coordinator.engine import faults, store
+from registry_coordinator.engine import faults, store, tracing
 from registry_coordinator.engine.calls import Product, open_products
 from registry_coordinator.engine.checkpoints import Checkpointer
 from registry_coordinator.engine.config import Config
@@ -111,9 +116,15 @@ async def open_database(config: Config, application_name: str) -> AsyncIterator[
         yield db
 
 
-async def serve(config: Config, workflows: Workflows) -> None:
+async def serve(config: Config, workflows: Workflows, *, spans: SpanExporter | None = None) -> None:
+    """The service, until SIGTERM or SIGINT; ``spans`` takes its spans instead of the
+    configured exporter (the tests' in-memory one), if tracing is on."""
     holder = store.Holder(f"{socket.gethostname()}:{config.port}")
-    async with trio_asyncio.open_loop(), open_database(config, holder.session) as db:
+    async with (
+        tracing.started(config.tracing, spans),
+        trio_asyncio.open_loop(),
+        open_database(config, holder.session) as db,
+    ):
         await workflows.store(db)
         taken = await store.take_over(db, holder)
         if taken:

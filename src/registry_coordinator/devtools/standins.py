@@ -200,6 +200,7 @@ class StandIn:
             "key": key,
             "at": time.time(),
             "bodySha256": hashlib.sha256(body).hexdigest(),
+            "traceparent": request.headers.get("traceparent"),  # whose trace it joins
         }
         self.ledger.requests.append(entry)
         self.ledger.in_flight += 1

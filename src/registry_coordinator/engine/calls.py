@@ -10,7 +10,9 @@ through these steps, and the order is what makes it safe to crash anywhere:
    down or slow holds up nothing that was sent);
 2. the request is sealed and marked dispatched in PostgreSQL;
 3. it is sent;
-4. the outcome is recorded in the same transaction that moves the run on.
+4. the outcome is recorded in the same transaction that moves the run on, with the
+   history event that says what became of the request (answered, not sent, or lost:
+   ``statements.CALL_OUTCOMES``), after the ``call-dispatched`` of step 2.
 
 A crash between 2 and 4 leaves a dispatched call without an outcome, which the
 next holder of the run treats as unknown: a read is sent again, a mutation is
@@ -22,6 +24,10 @@ An answer in hand is always recorded: through a database outage (the lease is
 kept meanwhile); as a hold (``engine-defect``) if the database refuses to store
 it; and, if the claim on the run was lost meanwhile, kept as late evidence on the
 call's execution (``store.keep_late_answer``), which ``reconcile`` uses.
+
+A wait-for's result read is recorded too: the read that completes the step as a
+``result-read`` event committed with it, and a read that found no final result as a
+``result-polled`` one when its answer differs from the wait's last (``store.release_wait``).
 """
 
 from __future__ import annotations
@@ -29,20 +35,22 @@ from __future__ import annotations
 import email.utils
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import httpx
 import trio
 
 from registry_coordinator import __version__
+from registry_coordinator.authoring.catalog import Operation
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.workflow import Call, WaitFor
-from registry_coordinator.engine import logs, store
+from registry_coordinator.engine import logs, statements, store, tracing
 from registry_coordinator.engine.backoff import ANSWER_RECORDING
 from registry_coordinator.engine.config import ConnectionConfig
 from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
@@ -63,6 +71,7 @@ from registry_coordinator.semantics.steps import (
     Request,
     Retry,
     Transition,
+    build_receipt_request,
     build_request,
     detail,
     fetched,
@@ -75,6 +84,9 @@ log = logging.getLogger(__name__)
 QUEUE_FACTOR = 16
 #: Error bodies kept on an execution row; the rest of a refusal is not needed to explain it.
 KEPT_ERROR_BODY = 2048
+
+#: Told what became of one read that was sent: its result class and the seconds it took.
+Observe = Callable[[str, float], None]
 
 
 class Sending:
@@ -130,6 +142,8 @@ class Product:
             },
         )
         self.credentials: Credentials = credentials(config.identity, token_client)
+        #: Where its receipt lookups are timed: the call pool's, once one sends through it.
+        self.metrics: Metrics | None = None
 
     def _trouble(self, exc: httpx.HTTPError) -> str:
         """What went wrong on the way, in words an operator can act on: httpx's timeouts
@@ -175,7 +189,12 @@ class Product:
             return Reply(ReplyKind.RESPONSE, 401, str(exc).encode(), detail=str(exc))
 
     async def send(
-        self, request: Request, url: str, authorization: str, sending: Sending | None = None
+        self,
+        request: Request,
+        url: str,
+        authorization: str,
+        sending: Sending | None = None,
+        trace: Mapping[str, str] = tracing.NO_HEADERS,
     ) -> Reply:
         """Send one request; transport trouble becomes a Reply, never an exception. A
         failure before the request began to leave (``sending``) is not-sent, after it lost.
@@ -184,7 +203,7 @@ class Product:
         """
         sending = sending or Sending()
         sending.begun = True
-        headers = {"Authorization": authorization}
+        headers = {"Authorization": authorization, **trace}
         if request.idempotency_key is not None:
             headers["Idempotency-Key"] = request.idempotency_key
         if request.body is not None:
@@ -208,12 +227,36 @@ class Product:
         self.latency = 0.8 * self.latency + 0.2 * (trio.current_time() - started)
         return reply
 
-    async def read(self, request: Request) -> Reply:
-        """Authorize and send a read (a result fetch, a receipt lookup)."""
+    async def read(
+        self,
+        request: Request,
+        observe: Observe | None = None,
+        trace: Mapping[str, str] = tracing.NO_HEADERS,
+    ) -> Reply:
+        """Authorize and send a read (a result fetch, a receipt lookup); ``observe`` is
+        told its result and how long the sending took (not a read that never had a
+        token: it was not sent, as a call that never had one is not timed either)."""
         authorization = await self.authorize()
         if isinstance(authorization, Reply):
             return authorization
-        return await self.send(request, self.url(request.target), authorization)
+        started = trio.current_time()
+        reply = await self.send(request, self.url(request.target), authorization, None, trace)
+        if observe is not None:
+            observe(_result_class(reply), trio.current_time() - started)
+        return reply
+
+    async def look_up_receipt(self, operation: Operation, key: str) -> tuple[Reply, str]:
+        """Ask the product for its record of the original idempotency ``key`` of a call of
+        ``operation`` (reconcile), with a slot of the pool; its answer and the URL asked,
+        for the history. Timed as ``coordinator_receipt_lookup_duration_seconds``."""
+        lookup = build_receipt_request(operation, key)
+        metrics = self.metrics
+        observe = None
+        if metrics is not None:
+            observe = partial(metrics.looked_up, self.config.name, operation.name)
+        async with self.limiter:
+            reply = await self.read(lookup, observe)
+        return reply, self.url(lookup.target)
 
     async def _read(self, response: httpx.Response) -> bytes:
         limit = self.config.response_limit
@@ -270,6 +313,8 @@ class Calls:
     proceed: Proceed
 
     def __post_init__(self) -> None:
+        for product in self.products.values():
+            product.metrics = self.metrics  # an operator's receipt lookups count here too
         self._nursery: trio.Nursery | None = None
         self._stopping = False
         self._in_flight = 0
@@ -363,10 +408,15 @@ class Calls:
                         run = await store.dispatch(self.db, run, request, url)
                     dispatched = True
                     await trio.lowlevel.checkpoint_if_cancelled()
-                    started = trio.current_time()
-                    reply = await product.send(request, url, authorization, sending)
                     step = definition.step(run.step)
                     assert isinstance(step, Call)  # only a call step sends a request
+                    started = trio.current_time()
+                    name = product.config.name
+                    with tracing.call(run, name, step.operation, request.method, url) as traced:
+                        reply = await product.send(
+                            request, url, authorization, sending, traced.headers
+                        )
+                        traced.answered(reply)
                     self.metrics.calls.labels(
                         product.config.name, step.operation, _result_class(reply)
                     ).observe(trio.current_time() - started)
@@ -405,23 +455,32 @@ class Calls:
         assert isinstance(step, WaitFor)
         product = self.products[step.connection]
         poll = product.config.result_poll
+        lookup = fetch.result.fetch
         try:
             async with product.limiter:
-                lookup = fetch.result.fetch
                 request = build_request(lookup, {fetch.result.fetch_input: fetch.key}, None)
-                reply = await product.read(request)
+                observe = partial(self.metrics.result_fetched, product.config.name, lookup.name)
+                url = product.url(request.target)
+                name = product.config.name
+                with tracing.call(run, name, lookup.name, request.method, url) as traced:
+                    reply = await product.read(request, observe, traced.headers)
+                    traced.answered(reply)
             with trio.CancelScope(shield=True):
                 advance = fetched(definition, run.step, reply)
                 committed = None
                 if advance is not None:
+                    assert reply.status is not None  # only a 2xx answer is a result
+                    read = statements.result_read(url, reply.status, fetch.key)
                     committed = await store.commit(
-                        self.db, definition, run, advance, self.lease, go_on=True
+                        self.db, definition, run, advance, self.lease, read=read, go_on=True
                     )
                     self.metrics.committed(definition, committed)
                     logs.transitions(committed, run.id)
+                    tracing.committed(definition, committed, run.attempt)
                     self.metrics.resumed(step.connection, step.result_name, fetch.key)
                 else:
-                    due = await store.release_wait(self.db, run, poll)
+                    polled = statements.result_polled(url, reply)
+                    due = await store.release_wait(self.db, run, poll, polled)
                     self.timer.scheduled((due - run.now()).total_seconds())
         except store.LeaseLost:
             log.warning("lost the lease while reading the result", extra={"run": run.id})
@@ -497,10 +556,12 @@ class Calls:
             transition,
             self.lease,
             settlement=settlement,
+            no_answer=reply.detail,
             go_on=True,
         )
         self.metrics.committed(definition, committed)
         logs.transitions(committed, run.id)
+        tracing.committed(definition, committed, run.attempt)
         if isinstance(transition, Retry) and committed.due_at is not None:
             self.timer.scheduled((committed.due_at - committed.run.now()).total_seconds())
         return committed

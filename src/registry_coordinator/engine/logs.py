@@ -1,7 +1,9 @@
 """Logging: JSON lines for journald and log shippers, readable text on a terminal.
 
 A log call about a run passes ``extra={"run": run_id}``; the JSON line then carries
-a ``run`` field, so an operator can find everything that happened to one run.
+a ``run`` field, so an operator can find everything that happened to one run. A line
+logged inside a span (a run's step, a product call: ``engine.tracing``) carries its
+``trace_id`` and ``span_id``, so the operator can go from the line to the trace.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
+
+from opentelemetry import trace
 
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.semantics.codes import RunState
@@ -33,6 +37,10 @@ class JsonLines(logging.Formatter):
         run = getattr(record, "run", None)
         if run is not None:
             entry["run"] = str(run)
+        span = trace.get_current_span().get_span_context()  # the invalid span when off
+        if span.is_valid:
+            entry["trace_id"] = trace.format_trace_id(span.trace_id)
+            entry["span_id"] = trace.format_span_id(span.span_id)
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

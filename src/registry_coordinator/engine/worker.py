@@ -14,6 +14,10 @@ an exception of Coordinator's own — is counted on the run (``store.record_defe
 the run is tried again after a backoff, and held for an operator after a few in a
 row, rather than claimed again and again. A run whose deadline has passed expires
 even when its definition cannot be loaded.
+
+Each step the loop takes is a span (:func:`tracing.step`), current while the step is
+decided and committed or handed to a pool, so its log lines carry the trace id and a
+call task started in it continues it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import trio
 
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
-from registry_coordinator.engine import logs, store
+from registry_coordinator.engine import logs, store, tracing
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.calls import Calls, Product
 from registry_coordinator.engine.config import EngineConfig
@@ -133,7 +137,8 @@ class Engine:
             raise
         except Exception as exc:
             if run.now() >= run.deadline_at:
-                await self._commit(None, run, Expire(), run.now())
+                with tracing.step(run, None, Expire()) as step:
+                    await self._commit(None, run, Expire(), run.now(), step)
                 return
             why = exc.diagnostics[0].message if isinstance(exc, Refused) else str(exc)
             log.error("the run's definition cannot be used: %s", why, extra={"run": run.id})
@@ -184,20 +189,23 @@ class Engine:
                 await store.release(self.db, run, due)
                 self._schedule(run, due)
                 return
-            if isinstance(transition, Fetch | Send):
-                product = self.calls.connection(definition, run.step)
-                if product.saturated(read=isinstance(transition, Fetch)):
-                    # Its queue is full: come back when it has had time to drain.
-                    later = now + product.drain_time()
-                    await store.release(self.db, run, later)
-                    self._schedule(run, later)
-                elif isinstance(transition, Fetch):
-                    self.calls.fetch(definition, run, transition)
-                else:
-                    self.calls.submit(definition, run, transition.request)
-                return
-            crash_point("before-commit")
-            committed = await self._commit(definition, run, transition, now)
+            with tracing.step(run, definition, transition) as step:
+                if isinstance(transition, Fetch | Send):
+                    product = self.calls.connection(definition, run.step)
+                    if product.saturated(read=isinstance(transition, Fetch)):
+                        # Its queue is full: come back when it has had time to drain.
+                        step.outcome("queue-full")
+                        later = now + product.drain_time()
+                        await store.release(self.db, run, later)
+                        self._schedule(run, later)
+                    # The call task starts in this span: its request's span is a child.
+                    elif isinstance(transition, Fetch):
+                        self.calls.fetch(definition, run, transition)
+                    else:
+                        self.calls.submit(definition, run, transition.request)
+                    return
+                crash_point("before-commit")
+                committed = await self._commit(definition, run, transition, now, step)
             if committed is None or not committed.held:
                 return
             run, ahead = committed.run, committed.ahead
@@ -208,9 +216,11 @@ class Engine:
         run: store.Claimed,
         transition: Transition,
         now: datetime,
+        step: tracing.StepSpan,
     ) -> store.Committed | None:
         """Commit a step's transition (and the steps after it that need nothing from
-        outside); None if another holder has the run now."""
+        outside), telling ``step``'s span how it went; None if another holder has the run
+        now."""
         try:
             committed = await store.commit(
                 self.db,
@@ -223,8 +233,10 @@ class Engine:
                 go_on=definition is not None,
             )
         except store.LeaseLost:
+            step.outcome("lease-lost")
             log.warning("lease lost to another worker; leaving the run", extra={"run": run.id})
             return None
+        step.committed(committed)
         crash_point("after-commit")
         if run.timer_at is not None and now >= run.timer_at:
             self.metrics.timer_lateness.observe((now - run.timer_at).total_seconds())

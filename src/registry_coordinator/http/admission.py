@@ -81,7 +81,10 @@ async def start(
     caller: Caller,
     start_key: str | None,
     body: JSON,
+    traceparent: str | None = None,
 ) -> Started:
+    """Admit the run a start asks for, in the caller's trace context ``traceparent``
+    (checked: ``tracing.accepted``) if it was sent in one, or refuse it with a Problem."""
     key = _start_key(start_key)
     workflow, version, given = _start_request(body)
     caller.require("start", workflow)
@@ -104,7 +107,14 @@ async def start(
         )
     try:
         admitted = await store.admit(
-            db, pinned.definition, pinned.digest, caller.client, key, given, version
+            db,
+            pinned.definition,
+            pinned.digest,
+            caller.client,
+            key,
+            given,
+            version,
+            traceparent=traceparent,
         )
     except store.AdmissionHeld as held:
         raise Problem(

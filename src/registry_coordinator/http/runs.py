@@ -16,7 +16,7 @@ from quart import Response, request
 
 from registry_coordinator.authoring.canonical import JSON, storable
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.engine import store
+from registry_coordinator.engine import store, tracing
 from registry_coordinator.engine.database import Row
 from registry_coordinator.http import admission, operations
 from registry_coordinator.http.archive import archived_status, gone
@@ -111,7 +111,9 @@ async def _current(context: Context, run_id: uuid.UUID) -> Row:
 
 async def start(context: Context) -> Response:
     """Admit a run (201), or find the one this Idempotency-Key started (200). A process
-    that is shutting down admits none: a run it admitted now would wait for a restart."""
+    that is shutting down admits none: a run it admitted now would wait for a restart.
+    Sent inside a trace (W3C ``traceparent``, with tracing on), the run continues it; an
+    invalid one is ignored, as W3C Trace Context asks."""
     who = await authenticated(context)
     body = await body_json()
     if context.stopping.is_set():
@@ -128,6 +130,7 @@ async def start(context: Context) -> Response:
         who,
         request.headers.get("Idempotency-Key"),
         body,
+        tracing.accepted(request.headers),
     )
     row = await _current(context, uuid.UUID(started.run_id))
     if started.created:
