@@ -483,14 +483,11 @@ def _catalog(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from registry_coordinator.engine.config import load_config
-    from registry_coordinator.engine.workflows import Workflows
+    from registry_coordinator.engine.workflows import load_service
     from registry_coordinator.service import require_free, serve
 
     _logging()
-    config = load_config(args.config)
-    workflows = Workflows.load(config.workflows, str(config.file))
-    workflows.check_bindings(config.connections, str(config.file))
+    config, workflows = load_service(args.config)  # every problem of every stage at once
     where = f"listen.host, listen.port in {config.file}"
     require_free(config.host, config.port, where, "give listen.port another port")
     return _run_service(lambda: serve(config, workflows))

@@ -1,18 +1,20 @@
 """``coordinator doctor --config FILE``: everything a start needs, looked at, one line each.
 
 It reads the configuration (and so every secret it names), the pinned artifacts and their
-bindings, and the listen address; then reaches the database (its server version and the
-schema), each connection's product (its base URL answering, over valid TLS, and its
-service identity getting a token) and the issuer's key set. Nothing is changed anywhere:
-no migration runs, no request a product could act on is sent (a product is asked with a
-GET of its base URL, whatever it answers), and the embedded database is only started and
-stopped. Each line is ``ok``, or ``FAIL`` with the repair; the exit code is 0 when all are
-ok, 1 when something is refused (fix the configuration, an artifact, the schema, a
-credential), and 3 when something is only unreachable now.
+bindings, saying every problem of each at once as ``coordinator serve`` would refuse them,
+whether spans can be sent where tracing says, and the listen address; then reaches the
+database (its server version and the schema), each connection's product (its base URL
+answering, over valid TLS, and its service identity getting a token) and the issuer's key
+set. Nothing is changed anywhere: no migration runs, no request a product could act on is
+sent (a product is asked with a GET of its base URL, whatever it answers), and the embedded
+database is only started and stopped. Each line is ``ok``, or ``FAIL`` with the repair; the
+exit code is 0 when all are ok, 1 when something is refused (fix the configuration, an
+artifact, the schema, a credential), and 3 when something is only unreachable now.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +23,13 @@ import httpx
 import trio
 import trio_asyncio
 
-from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine.calls import open_products
-from registry_coordinator.engine.config import Config, load_config
+from registry_coordinator.engine.config import Config
 from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.identity import IdentityRefused, IdentityUnavailable
 from registry_coordinator.engine.migrations import check_server, known, pending
-from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.engine.tracing import OTLP_EXPORTER
+from registry_coordinator.engine.workflows import read_service
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import KeySet
 from registry_coordinator.service import PortInUse, open_database_unchecked, require_free
@@ -62,23 +64,53 @@ class Findings:
         return ExitCode.UNAVAILABLE if self.unavailable else ExitCode.OK
 
 
-def _offline(config: Config, found: Findings) -> None:
-    """The pinned artifacts, their bindings, and the listen address."""
-    try:
-        workflows = Workflows.load(config.workflows, str(config.file))
-    except Refused as refused:
-        for d in refused.diagnostics:
-            found.refuse(f"workflows: {d.message}", d.repair)
-        return
+def _offline(path: Path, found: Findings) -> Config | None:
+    """The configuration, the pinned artifacts and their bindings, every problem of each
+    (as far as the structure lets each be looked at); the Config when its structure holds."""
+    reading, workflows = read_service(path)
+    problems = reading.problems
+    for d in problems.of("configuration"):
+        found.refuse(f"configuration: {d.as_text().splitlines()[0]}", d.repair)
+    if reading.config is not None:
+        found.ok(f"configuration {reading.config.file} (secrets it names are readable)")
+    for d in problems.of("workflows"):
+        found.refuse(f"workflows: {d.as_text().splitlines()[0]}", d.repair)
     for pin in workflows.pinned:
         definition = pin.definition
         found.ok(f"workflow {definition.id} {definition.version}: {pin.digest}")
+    for d in problems.of("connections"):
+        found.refuse(f"connections: {d.as_text().splitlines()[0]}", d.repair)
+    if reading.config is not None and not problems.of("connections"):
+        bound = len(reading.config.connections)
+        found.ok(f"every workflow's connections are bound ({bound} bound)")
+    return reading.config
+
+
+def _tracing(config: Config, found: Findings) -> None:
+    """Spans can be sent where the configuration says: the OTLP exporter, an optional extra,
+    is installed (``serve`` would refuse to start without it)."""
+    endpoint = config.tracing.otlp_endpoint
+    if not config.tracing.enabled:
+        return
+    if endpoint is None:
+        found.ok("tracing: spans are made, for logs and products, and sent nowhere")
+    elif not _installed(OTLP_EXPORTER):
+        found.refuse(
+            f"tracing: spans go to {endpoint}, but the OTLP exporter is not installed",
+            "pip install 'registry-coordinator[otlp]'",
+        )
+    else:
+        found.ok(f"tracing: spans go to {endpoint} over OTLP/HTTP")
+
+
+def _installed(module: str) -> bool:
     try:
-        workflows.check_bindings(config.connections, str(config.file))
-        found.ok(f"every workflow's connections are bound ({len(config.connections)} bound)")
-    except Refused as refused:
-        for d in refused.diagnostics:
-            found.refuse(f"connections: {d.message}", d.repair)
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def _listen(config: Config, found: Findings) -> None:
     try:
         require_free(config.host, config.port, "listen.host, listen.port", "another port")
         found.ok(f"{config.host}:{config.port} is free to listen on")
@@ -140,14 +172,12 @@ async def _products(config: Config, found: Findings) -> None:
 def doctor(path: Path) -> int:
     """Look at everything ``coordinator serve --config path`` needs; the exit code."""
     found = Findings()
-    try:
-        config = load_config(path)
-    except Refused as refused:
-        for d in refused.diagnostics:
-            found.refuse(f"configuration: {d.as_text().splitlines()[0]}", d.repair)
+    config = _offline(path, found)
+    if config is None:  # nothing to reach without a configuration that holds
+        print(f"{found.refused} of {len(found.lines)} checks failed", file=sys.stderr)
         return found.exit_code()
-    found.ok(f"configuration {config.file} (secrets it names are readable)")
-    _offline(config, found)
+    _tracing(config, found)
+    _listen(config, found)
 
     async def online() -> None:
         async with trio_asyncio.open_loop():

@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.diagnostics import Refused
-from registry_coordinator.engine.config import load_config
-from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.engine.config import TracingConfig, load_config
+from registry_coordinator.engine.workflows import load_service
 from tests.harness import ROOT, coordinator, package, refused
 
 
@@ -45,6 +45,7 @@ def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> Non
     assert config.audit.signing_key.public_key() == key.public_key()
     assert config.retention.archive_after == timedelta(days=90)
     assert config.retention.directory == Path("/var/lib/registry-coordinator/archive")
+    assert config.tracing == TracingConfig()  # documented, and off
 
 
 def test_checkpoints_need_an_ed25519_key_and_retention_needs_checkpoints(
@@ -157,7 +158,9 @@ def test_reading_the_configuration_loads_no_event_loop_nor_its_database_layer() 
     assert result.stdout.strip() == "[]"
 
 
-def test_a_connection_bound_to_no_product_kind_asks_did_you_mean(tmp_path: Path) -> None:
+def test_a_connection_bound_to_no_product_kind_asks_did_you_mean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``product: bregg`` is a typo, not another product: the refusal says which it meant."""
     artifact, digest = package("notify", tmp_path / "artifacts")
     path = tmp_path / "config.yaml"
@@ -169,13 +172,11 @@ def test_a_connection_bound_to_no_product_kind_asks_did_you_mean(tmp_path: Path)
         "  notices: {product: messagingg, baseUrl: 'http://127.0.0.1:1',"
         " identity: {bearer: env:STANDIN_TOKEN}}\n"
     )
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("STANDIN_TOKEN", "t")
-        config = load_config(path)
-    workflows = Workflows.load(config.workflows, str(path))
+    monkeypatch.setenv("STANDIN_TOKEN", "t")
     with pytest.raises(Refused) as refused:
-        workflows.check_bindings(config.connections, str(path))
+        load_service(path)
     [problem] = refused.value.diagnostics
+    assert (problem.code, problem.line) == ("config.connection-kind", 5)
     assert problem.message == (
         "notify version 1 needs connection 'notices' to be messaging, but it is bound to "
         "'messagingg', which is no product kind"

@@ -4,7 +4,10 @@ real stand-in products and a real issuer's key set; the exit code says how bad."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from registry_coordinator.engine.migrations import known
+from registry_coordinator.engine.tracing import OTLP_EXPORTER
 from tests.harness import Services, coordinator
 
 NOTIFY: dict[str, tuple[str, dict[str, str]]] = {"notices": ("messaging", {})}
@@ -24,7 +27,7 @@ def test_doctor_says_ok_for_each_thing_a_start_needs(services: Services) -> None
         "every workflow's connections are bound (1 bound)",
         "is free to listen on",
         "database: PostgreSQL 18",
-        "schema: version 10, this build's",
+        f"schema: version {known()[-1].version}, this build's",
         "connection notices (messaging, http://127.0.0.1:",
         "connection notices: its identity has a token",
         "auth: 1 keys from ",
@@ -56,3 +59,41 @@ def test_doctor_fails_what_is_down_with_3_and_what_is_wrong_with_1(services: Ser
         for line in refused.stdout.splitlines()
     ), refused.stdout
     assert "checks failed" in refused.stderr
+
+
+def test_spans_to_send_without_the_exporter_installed_are_refused_before_anything_starts(
+    services: Services, tmp_path: Path
+) -> None:
+    """The OTLP exporter is an optional extra. Made missing here (a sitecustomize marks its
+    module as absent, whatever this environment has installed): doctor fails its check
+    with the repair, and `serve` refuses in one line, exit 1, before it reaches the
+    database (whose DSN here leads nowhere: reaching it first would exit 3)."""
+    config = services.configure(["timed-choice"])
+    settings = json.loads(config.read_text())
+    settings["tracing"] = {"enabled": True}
+    made = config.with_name("made.yaml")
+    made.write_text(json.dumps(settings))
+    settings["tracing"]["otlpEndpoint"] = "http://127.0.0.1:4318"
+    sent = config.with_name("sent.yaml")
+    sent.write_text(json.dumps(settings))
+    settings["database"] = {"dsn": "postgresql://postgres@/coordinator?host=/nonexistent"}
+    nowhere = config.with_name("nowhere.yaml")
+    nowhere.write_text(json.dumps(settings))
+    (tmp_path / "blocked").mkdir()
+    (tmp_path / "blocked" / "sitecustomize.py").write_text(
+        f"import sys\nsys.modules[{OTLP_EXPORTER!r}] = None\n"
+    )
+    without = {"PYTHONPATH": str(tmp_path / "blocked")}
+
+    lines = coordinator("doctor", "--config", made, env=without).stdout.splitlines()
+    assert "ok    tracing: spans are made, for logs and products, and sent nowhere" in lines
+    doctor = coordinator("doctor", "--config", sent, env=without)
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert (
+        "FAIL  tracing: spans go to http://127.0.0.1:4318, but the OTLP exporter is not "
+        "installed: pip install 'registry-coordinator[otlp]'"
+    ) in doctor.stdout.splitlines()
+    serve = coordinator("serve", "--config", nowhere, env=without)
+    assert serve.returncode == 1, serve.stderr
+    [line] = serve.stderr.strip().splitlines()
+    assert "pip install 'registry-coordinator[otlp]'" in line, line

@@ -1,5 +1,12 @@
 """The service configuration: one YAML file, every problem reported at once.
 
+A file is looked at in stages: its structure here (:func:`read_config`), then the
+pinned workflows' artifacts and the connections they are bound to
+(``engine.workflows.load_service``). Each stage appends to one :class:`Problems`, and a
+broken structure still hands the later stages what did parse (the pins, the product
+kind each connection names), so that one run reports everything instead of each
+stage's problems only once the last stage's are fixed.
+
 Relative paths are taken from the configuration file's directory, so a file and
 the artifacts beside it can move together. Secrets are never values in the file:
 fields that hold one take ``env:NAME`` or ``file:/path`` and are resolved when
@@ -13,9 +20,11 @@ database layer.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 import psycopg
@@ -23,9 +32,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg.conninfo import conninfo_to_dict
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.authoring.diagnostics import Diagnostic, Refused, sort_key
 from registry_coordinator.authoring.fields import Reader, describe
-from registry_coordinator.authoring.source import DataPath, load_yaml, read_source
+from registry_coordinator.authoring.source import DataPath, SourceMap, load_yaml, read_source
 from registry_coordinator.authoring.workflow import NAME
 from registry_coordinator.semantics.checkpoints import UnusableKey, signing_key
 
@@ -156,6 +165,16 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """Whether spans are made, and where they are sent over OTLP/HTTP (None: nowhere but
+    the process; the exporter needs the ``otlp`` extra)."""
+
+    enabled: bool = False
+    otlp_endpoint: str | None = None
+    service_name: str = "registry-coordinator"
+
+
+@dataclass(frozen=True)
 class Config:
     file: Path
     database: DatabaseConfig
@@ -169,6 +188,7 @@ class Config:
     console: ConsoleConfig
     audit: AuditConfig
     retention: RetentionConfig
+    tracing: TracingConfig = TracingConfig()
 
 
 def resolve_secret(reference: str) -> str:
@@ -188,9 +208,73 @@ def resolve_secret(reference: str) -> str:
     raise ValueError("a secret must be a reference: env:NAME or file:/path")
 
 
+Stage = Literal["configuration", "workflows", "connections"]
+#: The stages a configuration is looked at in, in the order they are reported.
+STAGES: tuple[Stage, ...] = ("configuration", "workflows", "connections")
+
+
+class Problems:
+    """Every problem one configuration file has, collected by each stage that looks at it
+    (rather than raised at the first), each pointing at the field of the file it is about."""
+
+    def __init__(self, source: SourceMap) -> None:
+        self.source = source
+        self._found: dict[Stage, list[Diagnostic]] = {stage: [] for stage in STAGES}
+
+    def report(self, stage: Stage, code: str, message: str, repair: str, path: DataPath) -> None:
+        """A problem with the field at ``path`` of this file (or its nearest ancestor)."""
+        position = self.source.at(path)
+        self._found[stage].append(Diagnostic(code, message, repair, self.source.file, position))
+
+    def add(self, stage: Stage, diagnostics: Iterable[Diagnostic]) -> None:
+        self._found[stage].extend(diagnostics)
+
+    def of(self, stage: Stage) -> list[Diagnostic]:
+        """One stage's problems, in the order of the file."""
+        return sorted(self._found[stage], key=sort_key)
+
+    def all(self) -> list[Diagnostic]:
+        return [d for stage in STAGES for d in self.of(stage)]
+
+    def __bool__(self) -> bool:
+        return any(self._found.values())
+
+    def refuse(self) -> None:
+        """Raise :class:`Refused` with every problem, if there is one."""
+        if self:
+            raise Refused(self.all())
+
+
+@dataclass(frozen=True)
+class ConfigReading:
+    """A configuration file read as far as its structure allows."""
+
+    config: Config | None  # None when the structure has a problem
+    pins: tuple[PinnedWorkflow, ...]  # the pinned workflows that parsed
+    #: The product kind each well-named connection names (None where it does not say one
+    #: readably); None when the connections section is not a mapping at all.
+    products: dict[str, str | None] | None
+    problems: Problems
+
+
 def load_config(path: Path) -> Config:
-    """Read and validate a configuration file; raises :class:`Refused` with every problem."""
-    document, source = load_yaml(read_source(path), str(path))
+    """Read and validate a configuration file; raises :class:`Refused` with every problem
+    of its structure (the commands that run workflows use ``load_service``, which adds
+    the artifacts' and the bindings')."""
+    reading = read_config(path)
+    reading.problems.refuse()
+    assert reading.config is not None
+    return reading.config
+
+
+def read_config(path: Path) -> ConfigReading:
+    """Read a configuration file, collecting its structural problems rather than raising."""
+    try:
+        document, source = load_yaml(read_source(path), str(path))
+    except Refused as refused:  # nothing in it can be looked at
+        problems = Problems(SourceMap(str(path)))
+        problems.add("configuration", refused.diagnostics)
+        return ConfigReading(None, (), None, problems)
     reader = Reader(source)
     base = path.resolve().parent
     root = reader.mapping(document, (), "the configuration") or {}
@@ -199,7 +283,16 @@ def load_config(path: Path) -> Config:
         (),
         "the configuration",
         ["database", "workflows", "auth"],
-        ["listen", "connections", "engine", "limits", "console", "audit", "retention"],
+        [
+            "listen",
+            "connections",
+            "engine",
+            "limits",
+            "console",
+            "audit",
+            "retention",
+            "tracing",
+        ],
     )
     database = _database(reader, root.get("database"), base)
     host, port = _listen(reader, root.get("listen", {}))
@@ -213,10 +306,14 @@ def load_config(path: Path) -> Config:
     console = _console(reader, root.get("console", {}), auth)
     audit = _audit(reader, root.get("audit", {}))
     retention = _retention(reader, root.get("retention", {}), base, audit)
-    if reader.diagnostics:
-        raise Refused(reader.diagnostics)
+    tracing = _tracing(reader, root.get("tracing", {}))
+    problems = Problems(source)
+    problems.add("configuration", reader.diagnostics)
+    products = _products(root.get("connections", {}))
+    if problems:
+        return ConfigReading(None, workflows, products, problems)
     assert database is not None and engine is not None and auth is not None
-    return Config(
+    config = Config(
         path,
         database,
         host,
@@ -229,7 +326,22 @@ def load_config(path: Path) -> Config:
         console,
         audit,
         retention,
+        tracing,
     )
+    return ConfigReading(config, workflows, products, problems)
+
+
+def _products(value: JSON) -> dict[str, str | None] | None:
+    """The product kind each connection names, read leniently: whatever else is wrong with
+    a connection, whether a workflow's connection is there, and of which kind, can be told."""
+    if not isinstance(value, dict):
+        return None
+    products: dict[str, str | None] = {}
+    for name, entry in value.items():
+        if NAME.match(name):
+            product = entry.get("product") if isinstance(entry, dict) else None
+            products[name] = product if isinstance(product, str) else None
+    return products
 
 
 def _audit(reader: Reader, value: JSON) -> AuditConfig:
@@ -274,6 +386,61 @@ def _retention(reader: Reader, value: JSON, base: Path, audit: AuditConfig) -> R
             (*path, "archiveAfter"),
         )
     return RetentionConfig(after, (base / directory).resolve() if directory else None, batch, every)
+
+
+def _tracing(reader: Reader, value: JSON) -> TracingConfig:
+    """Whether spans are made and where they go; an endpoint with tracing off is refused,
+    since the operator who wrote it expects traces that would never be sent."""
+    path: DataPath = ("tracing",)
+    data = reader.mapping(value, path, "tracing") or {}
+    reader.fields(data, path, "tracing", [], ["enabled", "otlpEndpoint", "serviceName"])
+    enabled = data.get("enabled", False)
+    if not isinstance(enabled, bool):
+        reader.report(
+            "field.type",
+            f"tracing enabled must be true or false, not {describe(enabled)}",
+            "write enabled: true",
+            (*path, "enabled"),
+        )
+        enabled = False
+    endpoint = reader.string(data, "otlpEndpoint", path, "tracing")
+    if endpoint is not None and not _port_valid(endpoint):
+        reader.report(
+            "config.invalid-value",
+            f"tracing otlpEndpoint {endpoint!r} has a port that is not a number from 0 to "
+            "65535, so no span could be sent",
+            "give the collector's port, e.g. https://otel.example.org:4318",
+            (*path, "otlpEndpoint"),
+        )
+        endpoint = None
+    elif endpoint is not None and not https_or_loopback(endpoint):
+        reader.report(
+            "config.invalid-value",
+            f"tracing otlpEndpoint {endpoint!r} is not an https URL, and spans carry run "
+            "and workflow names that must not travel in clear",
+            "give the collector's https URL, e.g. https://otel.example.org:4318; plain http "
+            "is allowed only to 127.0.0.1, ::1 or localhost",
+            (*path, "otlpEndpoint"),
+        )
+        endpoint = None
+    elif endpoint is not None and not enabled:
+        reader.report(
+            "config.invalid-value",
+            "tracing otlpEndpoint is given, and tracing is not enabled, so no span would "
+            "be sent there",
+            "set tracing.enabled: true to send spans there, or remove otlpEndpoint",
+            (*path, "otlpEndpoint"),
+        )
+    name = reader.string(data, "serviceName", path, "tracing")
+    if name is not None and not name.strip():
+        reader.report(
+            "config.invalid-value",
+            "tracing serviceName is empty",
+            "give the name traces are grouped by, e.g. serviceName: registry-coordinator",
+            (*path, "serviceName"),
+        )
+        name = None
+    return TracingConfig(enabled, endpoint, name or TracingConfig.service_name)
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -447,6 +614,20 @@ def _policies(reader: Reader, items: JSON, path: DataPath) -> tuple[Policy, ...]
                 Policy(client, lists["scopes"], lists["workflows"], lists["actions"], operator)
             )
     return tuple(policies)
+
+
+def _port_valid(url: str) -> bool:
+    """Whether the URL's port, if it names one, is one (urlsplit checks it only when asked);
+    a URL that does not split at all is :func:`https_or_loopback`'s to refuse."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return True
+    try:
+        parts.port  # noqa: B018
+    except ValueError:
+        return False
+    return True
 
 
 def https_or_loopback(url: str) -> bool:

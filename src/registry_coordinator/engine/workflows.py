@@ -7,11 +7,18 @@ definition; a run admitted under a definition that is no longer pinned keeps
 it: its artifact is read back from the database, its digest verified, and built
 without being judged again under this build's rules (``load(trusted=True)``), so
 a build that tightens a rule does not strand the runs admitted before it.
+
+Loading reports into the configuration's :class:`~registry_coordinator.engine.config.Problems`
+rather than raising, and :func:`load_service` looks at all three stages (the file's
+structure, the artifacts, the bindings) before refusing with every problem, each at the
+field of the configuration it is about.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from registry_coordinator.authoring.artifact import load, load_file
 from registry_coordinator.authoring.canonical import digest_of
@@ -19,7 +26,13 @@ from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Diagnostic, Refused
 from registry_coordinator.engine import store
-from registry_coordinator.engine.config import ConnectionConfig, PinnedWorkflow
+from registry_coordinator.engine.config import (
+    Config,
+    ConfigReading,
+    PinnedWorkflow,
+    Problems,
+    read_config,
+)
 from registry_coordinator.engine.database import Database
 
 
@@ -28,6 +41,7 @@ class Pinned:
     definition: Definition
     digest: str
     artifact: bytes
+    pin: PinnedWorkflow | None = None  # where the configuration pins it, if it does
 
 
 class Workflows:
@@ -36,81 +50,98 @@ class Workflows:
         self._by_digest = {p.digest: p.definition for p in pinned}
 
     @classmethod
-    def load(cls, pins: tuple[PinnedWorkflow, ...], config_file: str) -> Workflows:
-        """Read and verify every pinned artifact; refuse with every problem at once."""
-        problems: list[Diagnostic] = []
+    def load(cls, pins: tuple[PinnedWorkflow, ...], problems: Problems) -> Workflows:
+        """Read and verify every pinned artifact, reporting each one refused to
+        ``problems``; the workflows of the rest."""
         pinned: list[Pinned] = []
         seen: dict[tuple[str, str], str] = {}
         for pin in pins:
             try:
                 definition, digest = load_file(pin.artifact)
             except Refused as refused:
-                problems.extend(refused.diagnostics)
+                problems.add("workflows", [_at_pin(d, pin, problems) for d in refused.diagnostics])
                 continue
             if digest != pin.digest:
-                problems.append(
-                    Diagnostic(
-                        "config.digest-mismatch",
-                        f"{pin.artifact} has digest {digest}, but {pin.digest} is pinned",
-                        "pin the digest coordinator package printed for this artifact, "
-                        "or restore the artifact that was pinned",
-                        config_file,
-                    )
+                problems.report(
+                    "workflows",
+                    "config.digest-mismatch",
+                    f"{pin.artifact} has digest {digest}, but {pin.digest} is pinned",
+                    "pin the digest coordinator package printed for this artifact, "
+                    "or restore the artifact that was pinned",
+                    (*pin.path, "digest"),
                 )
                 continue
             identity = (definition.id, definition.version)
             if identity in seen and seen[identity] != digest:
-                problems.append(
-                    Diagnostic(
-                        "config.invalid-value",
-                        f"{definition.id} version {definition.version} is pinned twice with "
-                        "different digests",
-                        "pin each workflow version once; give a changed workflow a new version",
-                        config_file,
-                    )
+                problems.report(
+                    "workflows",
+                    "config.invalid-value",
+                    f"{definition.id} version {definition.version} is pinned twice with "
+                    "different digests",
+                    "pin each workflow version once; give a changed workflow a new version",
+                    pin.path,
                 )
                 continue
             seen[identity] = digest
-            pinned.append(Pinned(definition, digest, pin.artifact.read_bytes()))
-        if problems:
-            raise Refused(problems)
+            pinned.append(Pinned(definition, digest, pin.artifact.read_bytes(), pin))
         return cls(pinned)
 
-    def check_bindings(self, connections: dict[str, ConnectionConfig], config_file: str) -> None:
-        """Refuse unless every pinned workflow's connections are bound to the right product."""
-        problems = []
+    def check_bindings(self, products: dict[str, str | None] | None, problems: Problems) -> None:
+        """Report every pinned workflow's connection that is not bound to the product kind
+        it was checked against, and every connection bound to no product kind at all.
+        ``products`` is what the configuration binds each connection name to (None: its
+        connections could not be read, which is reported already)."""
+        if products is None:
+            return
+        known = set(builtin_catalog().products)
+        for pin in self.pinned:
+            known.update(pin.definition.workflow.connections.values())
+        used: set[str] = set()
         for pin in self.pinned:
             workflow = pin.definition.workflow
             for name, kind in workflow.connections.items():
-                bound = connections.get(name)
-                if bound is None:
-                    problems.append(
-                        Diagnostic(
-                            "config.connection-unbound",
-                            f"{workflow.id} version {workflow.version} uses connection {name!r} "
-                            f"({kind}), which the configuration does not define",
-                            f"add connections: {{{name}: {{product: {kind}, baseUrl: ..., "
-                            "identity: ...}}",
-                            config_file,
-                        )
+                used.add(name)
+                if name not in products:
+                    close = difflib.get_close_matches(name, products, n=1)
+                    problems.report(
+                        "connections",
+                        "config.connection-unbound",
+                        f"{workflow.id} version {workflow.version} uses connection {name!r} "
+                        f"({kind}), which the configuration does not define",
+                        f"did you mean connections.{close[0]}? rename it to {name}"
+                        if close
+                        else f"add connections: {{{name}: {{product: {kind}, baseUrl: ..., "
+                        "identity: ...}}",
+                        pin.pin.path if pin.pin else ("workflows",),
                     )
-                elif bound.product != kind:
-                    known = set(builtin_catalog().products) | set(workflow.connections.values())
-                    unknown = "" if bound.product in known else ", which is no product kind"
-                    problems.append(
-                        Diagnostic(
-                            "config.connection-kind",
-                            f"{workflow.id} version {workflow.version} needs connection "
-                            f"{name!r} to be {kind}, but it is bound to {bound.product!r}"
-                            f"{unknown}",
-                            f"did you mean product: {kind}?"
-                            if unknown
-                            else f"bind {name} to a {kind} product, or rename the connection",
-                            config_file,
-                        )
-                    )
-        if problems:
-            raise Refused(problems)
+                    continue
+                bound = products[name]
+                if bound is None or bound == kind:  # None: its own problem is reported
+                    continue
+                unknown = "" if bound in known else ", which is no product kind"
+                problems.report(
+                    "connections",
+                    "config.connection-kind",
+                    f"{workflow.id} version {workflow.version} needs connection "
+                    f"{name!r} to be {kind}, but it is bound to {bound!r}{unknown}",
+                    f"did you mean product: {kind}?"
+                    if unknown
+                    else f"bind {name} to a {kind} product, or rename the connection",
+                    ("connections", name, "product"),
+                )
+        for name, bound in products.items():
+            if name in used or bound is None or bound in known:
+                continue
+            close = difflib.get_close_matches(bound, sorted(known), n=1)
+            problems.report(
+                "connections",
+                "config.invalid-value",
+                f"connection {name} is bound to {bound!r}, which is no product kind",
+                f"did you mean product: {close[0]}?"
+                if close
+                else f"name one of the product kinds: {', '.join(sorted(known))}",
+                ("connections", name, "product"),
+            )
 
     async def store(self, db: Database) -> None:
         for pin in self.pinned:
@@ -137,3 +168,33 @@ class Workflows:
             found = load(data, f"definition {digest}", trusted=True)
             self._by_digest[digest] = found
         return found
+
+
+def _at_pin(diagnostic: Diagnostic, pin: PinnedWorkflow, problems: Problems) -> Diagnostic:
+    """A refusal of a pinned artifact that points nowhere inside it (it is missing, not
+    JSON, not canonical...) points at the configuration field that pins it instead."""
+    if diagnostic.position is not None:
+        return diagnostic
+    message = diagnostic.message
+    if str(pin.artifact) not in message:
+        message = f"{pin.artifact}: {message}"
+    position = problems.source.at((*pin.path, "artifact"))
+    return replace(diagnostic, message=message, file=problems.source.file, position=position)
+
+
+def read_service(path: Path) -> tuple[ConfigReading, Workflows]:
+    """A configuration and its pinned workflows, looked at in every stage the structure
+    leaves something to look at; the problems are collected in the reading, not raised."""
+    reading = read_config(path)
+    workflows = Workflows.load(reading.pins, reading.problems)
+    workflows.check_bindings(reading.products, reading.problems)
+    return reading, workflows
+
+
+def load_service(path: Path) -> tuple[Config, Workflows]:
+    """What ``coordinator serve`` runs on; raises :class:`Refused` with every problem of
+    the configuration's structure, its artifacts and their bindings at once."""
+    reading, workflows = read_service(path)
+    reading.problems.refuse()
+    assert reading.config is not None
+    return reading.config, workflows
