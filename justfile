@@ -64,6 +64,7 @@ mutants-pure:
 mutants-durability *ids:
     {{bin}}/python mutation/durability.py {{ids}}
 
-# Benchmarks (not part of the tests): just bench [throughput wake timers idle recovery]
+# Benchmarks (not part of the tests): just bench [throughput wake timers idle recovery peer ...]
 bench *args:
+    {{bin}}/python -c 'import dbos' 2>/dev/null || {{bin}}/python -m pip install --quiet -e '.[bench]'
     {{bin}}/python bench/run.py {{args}}

@@ -14,6 +14,8 @@ not single absolute times). Everything runs for real: the embedded PostgreSQL 18
   chain       an event's hash chain on and off; checkpoints, verify and bundle size
   checkpoints throughput with signed checkpoints and without
   archiving   throughput while retention archives a backlog, and without
+  peer        runs started through the API beside DBOS Transact 3.4 and the bare HTTP calls
+              (needs the `bench` extra: pip install -e '.[bench]')
 """
 
 from __future__ import annotations
@@ -720,6 +722,14 @@ def audit(config: Path, directory: Path, runs: int, events: int) -> None:
     )
 
 
+def peer(cluster: Cluster, directory: Path, args: argparse.Namespace) -> None:
+    """bench/versus.py, imported here because it imports this module's helpers."""
+    from bench.versus import peer as side_by_side  # noqa: PLC0415
+
+    pairs = args.pairs or args.runs
+    side_by_side(cluster, directory, args.runs, args.rounds, pairs, args.callers, args.dbos_threads)
+
+
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "throughput": lambda c, d, a: throughput(c, d, a.runs, a.workers, a.processes, a.rounds),
     "wake": lambda c, d, a: wake(c, d, a.waiting, a.rate),
@@ -730,6 +740,7 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "chain": lambda c, d, a: chain(c, d, a.chain_runs),
     "checkpoints": lambda c, d, a: checkpointing(c, d, a.runs, a.rounds),
     "archiving": lambda c, d, a: archiving(c, d, a.runs, a.rounds, a.ended),
+    "peer": peer,
 }
 
 
@@ -757,6 +768,14 @@ def main() -> None:
     parser.add_argument("--console-requests", type=int, default=100)
     parser.add_argument("--chain-runs", type=int, default=10_000)
     parser.add_argument("--ended", type=int, default=20_000)
+    parser.add_argument("--callers", type=int, default=8, help="peer: concurrent callers")
+    parser.add_argument("--pairs", type=int, help="peer: bare HTTP pairs (default --runs)")
+    parser.add_argument(
+        "--dbos-threads",
+        type=int,
+        default=16,
+        help="peer: DBOS's max_executor_threads (0: its default)",
+    )
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
