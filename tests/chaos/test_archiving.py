@@ -149,6 +149,14 @@ def test_archiving_killed_at_every_point_loses_no_run(dsn: str, services: Servic
     assert any(f"its bundle {other} cannot be read" in line for line in said), said
 
 
+#: Sessions of this database whose admission of a run waits on a lock.
+ADMISSION_WAITING = """
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND wait_event_type = 'Lock'
+      AND position('INSERT INTO runs' IN query) > 0
+"""
+
+
 def test_a_start_retried_while_its_run_is_archived_is_not_started_again(
     dsn: str, services: Services
 ) -> None:
@@ -177,9 +185,10 @@ def test_a_start_retried_while_its_run_is_archived_is_not_started_again(
             )
         )
         retry.start()
-        # Until the retry waits on the lock (without it, the retry starts a run meanwhile,
-        # and this wait times out: the test fails either way).
-        wait_for(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", 1)
+        # Until the retry's admission waits on the lock (without it, the retry starts a run
+        # meanwhile, and this wait times out: the test fails either way). The service's
+        # workers may wait on it too, claiming: only the admission's insert is counted.
+        wait_for(dsn, ADMISSION_WAITING, 1)
         conn.execute("COMMIT")
     retry.join(30)
     [answer] = answers
