@@ -14,7 +14,7 @@ demo *args:
 
 # Lint, format check, type check, then the whole test suite
 test *args: lint browser
-    {{bin}}/pytest -n 2 {{args}}
+    {{bin}}/pytest -n 3 --dist worksteal {{args}}
 
 # Chromium for tests/browser: apt-get installs it when missing, if run as root
 browser:
