@@ -129,8 +129,9 @@ async def serve(config: Config, workflows: Workflows, *, spans: SpanExporter | N
         taken = await store.take_over(db, holder)
         if taken:
             log.info("took over %d claims left by the previous process on %s", taken, holder.name)
-        async with open_products(config.connections) as (products, client):
-            await _supervise(config, workflows, db, holder.name, products, client)
+        metrics = Metrics()
+        async with open_products(config.connections, metrics) as (products, client):
+            await _supervise(config, workflows, db, holder.name, products, client, metrics)
     log.info("stopped")
 
 
@@ -141,10 +142,10 @@ async def _supervise(
     owner: str,
     products: dict[str, Product],
     client: httpx.AsyncClient,
+    metrics: Metrics,
 ) -> None:
     """The nursery: timer, listener, call pools, engine workers, lease keeper,
     checkpointer, archiver, HTTP."""
-    metrics = Metrics()
     audit = config.audit
     checkpointer = Checkpointer(db, audit.signing_key, audit.checkpoint_every, metrics)
     metrics.on_end = checkpointer.nudge

@@ -115,7 +115,12 @@ class Sending:
 class Product:
     """One configured connection at run time: capacity limit, HTTP client, identity."""
 
-    def __init__(self, config: ConnectionConfig, token_client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        config: ConnectionConfig,
+        token_client: httpx.AsyncClient,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.config = config
         self.limiter = trio.CapacityLimiter(config.pool_size)
         self.queued = 0  # calls and result reads waiting for a slot or in flight
@@ -142,8 +147,8 @@ class Product:
             },
         )
         self.credentials: Credentials = credentials(config.identity, token_client)
-        #: Where its receipt lookups are timed: the call pool's, once one sends through it.
-        self.metrics: Metrics | None = None
+        #: Where its receipt lookups are timed (the service's; none for doctor's checks).
+        self.metrics = metrics
 
     def _trouble(self, exc: httpx.HTTPError) -> str:
         """What went wrong on the way, in words an operator can act on: httpx's timeouts
@@ -313,8 +318,6 @@ class Calls:
     proceed: Proceed
 
     def __post_init__(self) -> None:
-        for product in self.products.values():
-            product.metrics = self.metrics  # an operator's receipt lookups count here too
         self._nursery: trio.Nursery | None = None
         self._stopping = False
         self._in_flight = 0
@@ -569,12 +572,14 @@ class Calls:
 
 @asynccontextmanager
 async def open_products(
-    connections: dict[str, ConnectionConfig],
+    connections: dict[str, ConnectionConfig], metrics: Metrics | None = None
 ) -> AsyncIterator[tuple[dict[str, Product], httpx.AsyncClient]]:
     """An HTTP client per connection, and one for token endpoints and key sets; all
-    closed on the way out."""
+    closed on the way out. ``metrics`` times the products' receipt lookups."""
     async with httpx.AsyncClient(timeout=10.0, follow_redirects=False) as token_client:
-        products = {name: Product(config, token_client) for name, config in connections.items()}
+        products = {
+            name: Product(config, token_client, metrics) for name, config in connections.items()
+        }
         try:
             yield products, token_client
         finally:
