@@ -78,6 +78,22 @@ def start(*args: str, url: str, token: Path) -> str:
     return str(json.loads(started.stdout)["id"])
 
 
+NAP = """\
+apiVersion: coordinator.registrystack.org/v1alpha1
+kind: Workflow
+id: nap
+version: "1"
+deadline: PT2H
+input: {type: object}
+outcomes:
+  done: {type: "null"}
+start: sleep
+steps:
+  sleep: {type: wait-until, at: run.admitted_at + duration("1h"), next: done}
+  done: {type: finish, outcome: done}
+"""
+
+
 def test_every_cli_command_against_a_live_service(
     dsn: str, tmp_path: Path, services: Services
 ) -> None:
@@ -105,8 +121,12 @@ def test_every_cli_command_against_a_live_service(
         "notices": ("messaging", {"requestTimeout": "PT1S"}),
         "registry": ("breg", {"requestTimeout": "PT1S"}),
     }
+    # A run that waits an hour, for the cancel: a two-second wait could end before two CLI
+    # starts do on a loaded machine.
+    nap = tmp_path / "nap.yaml"
+    nap.write_text(NAP)
     service, products = services.deploy(
-        ["notify", "act", "timed-choice"], connections, extra={"auth": auth}
+        ["notify", "act", "timed-choice", nap], connections, extra={"auth": auth}
     )
     url = service.url
     run = start(
@@ -138,7 +158,7 @@ def test_every_cli_command_against_a_live_service(
     lines = history.stdout.splitlines()
     for column in ("  #", " by "):
         assert len({line.index(column) for line in lines}) == 1, history.stdout
-    waiting = start("timed-choice", "--input", '{"answer": "no"}', url=url, token=portal)
+    waiting = start("nap", "--input", "{}", url=url, token=portal)
     cancelled = cli(
         "runs", "cancel", waiting, "--reason", "duplicate application", url=url, token=portal
     )
