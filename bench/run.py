@@ -727,7 +727,12 @@ def peer(cluster: Cluster, directory: Path, args: argparse.Namespace) -> None:
     from bench.versus import peer as side_by_side  # noqa: PLC0415
 
     pairs = args.pairs or args.runs
-    side_by_side(cluster, directory, args.runs, args.rounds, pairs, args.callers, args.dbos_threads)
+    profiles = args.profile and args.profile.resolve()
+    if profiles:
+        profiles.mkdir(parents=True, exist_ok=True)
+    side_by_side(
+        cluster, directory, args.runs, args.rounds, pairs, args.callers, args.dbos_threads, profiles
+    )
 
 
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
@@ -775,6 +780,12 @@ def main() -> None:
         type=int,
         default=16,
         help="peer: DBOS's max_executor_threads (0: its default)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="peer: write py-spy profiles of serve here (collapsed stacks) and sum them up",
     )
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in BENCHMARKS]

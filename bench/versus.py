@@ -38,6 +38,7 @@ threads of its own process, so their CPU is inside DBOS's engine figure (and sho
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import importlib.util
 import json
@@ -54,6 +55,7 @@ from typing import IO
 
 import psutil
 from bench.product import Product, bare_pairs
+from bench.profile import Profile, summary
 from bench.run import service, wait_ended, wait_ready
 from tests.harness import Cluster, connection, free_port
 
@@ -197,8 +199,14 @@ def start_runs(url: str, tag: str, runs: int, callers: int) -> float:
 
 
 def coordinator_round(
-    cluster: Cluster, directory: Path, product: Product, runs: int, callers: int
+    cluster: Cluster,
+    directory: Path,
+    product: Product,
+    runs: int,
+    callers: int,
+    profile: Path | None = None,
 ) -> Round:
+    """One round of Coordinator; with ``profile``, py-spy's samples of serve meanwhile."""
     connections = {"registry": connection("breg", product.port, poolSize=8)}
     tag = directory.name
     with service(cluster, directory, ["bench-four"], workers=4, connections=connections) as (
@@ -207,11 +215,16 @@ def coordinator_round(
     ):
         wait_ready(running)
         window = Window(product, ClusterCpu(cluster), psutil.Process(running.process.pid))
-        window.start()
-        began = time.time()
-        client = start_runs(running.url, tag, runs, callers)
-        wait_ended(dsn, runs, 600)
-        cpu, calls = window.stop()
+        with contextlib.ExitStack() as profiling:
+            if profile is not None:
+                profiling.enter_context(Profile(running.process.pid, profile))
+            window.start()
+            began = time.time()
+            client = start_runs(running.url, tag, runs, callers)
+            wait_ended(dsn, runs, 600)
+            cpu, calls = window.stop()
+        if profile is not None:
+            print(summary(profile))
         with sync_connection(dsn) as conn:
             row = conn.execute(
                 "SELECT EXTRACT(EPOCH FROM max(ended_at))::float8 AS ended, count(*) FILTER "
@@ -300,9 +313,11 @@ def peer(
     pairs: int,
     callers: int,
     dbos_threads: int,
+    profiles: Path | None = None,
 ) -> None:
     """Coordinator, DBOS and the bare calls, ``rounds`` times interleaved; then the
-    medians side by side."""
+    medians side by side. With ``profiles``, a py-spy profile of serve in each round is
+    written there (``coordinator-rN.txt``) and summed up."""
     if importlib.util.find_spec("dbos") is None:
         raise SystemExit("benchmark peer: DBOS is not installed: pip install -e '.[bench]'")
     threads = f"{dbos_threads} executor threads" if dbos_threads else "its default executor"
@@ -321,7 +336,8 @@ def peer(
             for side, measured in sides.items():
                 where = directory / f"r{round_ + 1}-{side.replace(' ', '-').lower()}"
                 if side == "Coordinator":
-                    figures = coordinator_round(cluster, where, product, runs, callers)
+                    profile = profiles and profiles / f"coordinator-r{round_ + 1}.txt"
+                    figures = coordinator_round(cluster, where, product, runs, callers, profile)
                 elif side == "DBOS":
                     figures = dbos_round(cluster, where, product, runs, callers, dbos_threads)
                 else:

@@ -500,8 +500,6 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    import trio_asyncio
-
     from registry_coordinator.engine.config import load_config
     from registry_coordinator.engine.migrations import check_server, migrate
     from registry_coordinator.service import open_database_unchecked
@@ -510,7 +508,7 @@ def _migrate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
 
     async def run() -> None:
-        async with trio_asyncio.open_loop(), open_database_unchecked(config) as db:
+        async with open_database_unchecked(config) as db:
             await check_server(db)
             applied = await migrate(db)
             for migration in applied:
@@ -540,12 +538,10 @@ class _AuditUsage(CoordinatorError):
 
 def _audit_database(config: Any, work: Callable[[Any], Awaitable[None]]) -> None:
     """Run ``work`` with the configured database, as the audit commands' one step online."""
-    import trio_asyncio
-
     from registry_coordinator.service import open_database
 
     async def run() -> None:
-        async with trio_asyncio.open_loop(), open_database(config, "coordinator/audit") as db:
+        async with open_database(config, "coordinator/audit") as db:
             await work(db)
 
     _logging()

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import httpx
 import trio
-import trio_asyncio
 
 from registry_coordinator.engine.calls import open_products
 from registry_coordinator.engine.config import Config
@@ -180,8 +179,7 @@ def doctor(path: Path) -> int:
     _listen(config, found)
 
     async def online() -> None:
-        async with trio_asyncio.open_loop():
-            await _database(config, found)
+        await _database(config, found)
         await _products(config, found)
 
     trio.run(online)
