@@ -36,7 +36,9 @@ PARTS = {
 
 
 class Profile:
-    """py-spy recording ``pid`` at ``rate`` samples a second while the block runs."""
+    """py-spy recording ``pid`` at ``rate`` samples a second while the block runs: the
+    thread holding the GIL only, so that a database thread waiting on its socket (in C,
+    which py-spy cannot tell from running) is not counted as work."""
 
     def __init__(self, pid: int, path: Path, rate: int = 200) -> None:
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -49,6 +51,7 @@ class Profile:
             "--rate",
             str(rate),
             "--nonblocking",
+            "--gil",  # only the thread holding the GIL: where the CPU goes, not who waits
             "--format",
             "raw",
             "--output",

@@ -14,6 +14,7 @@ not single absolute times). Everything runs for real: the embedded PostgreSQL 18
   chain       an event's hash chain on and off; checkpoints, verify and bundle size
   checkpoints throughput with signed checkpoints and without
   archiving   throughput while retention archives a backlog, and without
+  client      one statement's CPU by database client: blocking, asyncio, trio-asyncio, threads
   peer        runs started through the API beside DBOS Transact 3.4 and the bare HTTP calls
               (needs the `bench` extra: pip install -e '.[bench]')
 """
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
+from bench.client import client  # noqa: E402
 from tests.harness import (  # noqa: E402
     PG_BIN,
     Cluster,
@@ -746,6 +748,7 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "checkpoints": lambda c, d, a: checkpointing(c, d, a.runs, a.rounds),
     "archiving": lambda c, d, a: archiving(c, d, a.runs, a.rounds, a.ended),
     "peer": peer,
+    "client": lambda c, d, a: client(c.create_database(), a.statements, a.rounds),
 }
 
 
@@ -773,6 +776,7 @@ def main() -> None:
     parser.add_argument("--console-requests", type=int, default=100)
     parser.add_argument("--chain-runs", type=int, default=10_000)
     parser.add_argument("--ended", type=int, default=20_000)
+    parser.add_argument("--statements", type=int, default=5000, help="client: round trips")
     parser.add_argument("--callers", type=int, default=8, help="peer: concurrent callers")
     parser.add_argument("--pairs", type=int, help="peer: bare HTTP pairs (default --runs)")
     parser.add_argument(
