@@ -25,7 +25,13 @@ PARTS = {
     "the HTTP front (hypercorn, quart)": ("(hypercorn/", "(quart/"),
     "admission (http/admission.py)": ("(registry_coordinator/http/admission.py",),
     "JSON Schema": ("(jsonschema",),
-    "the database client (engine/database.py)": ("(registry_coordinator/engine/database.py",),
+    # psycopg's asyncio callbacks ran in trio-asyncio's own task, off database.py's stacks.
+    "the database client (engine/database.py, psycopg, trio-asyncio, asyncio)": (
+        "(registry_coordinator/engine/database.py",
+        "(psycopg/",
+        "(trio_asyncio/",
+        "(asyncio/",
+    ),
     "product calls (engine/calls.py)": ("(registry_coordinator/engine/calls.py",),
     "httpx and httpcore": ("(httpx/", "(httpcore/"),
     "the step semantics (semantics/)": ("(registry_coordinator/semantics/",),

@@ -10,9 +10,6 @@ from pathlib import Path
 
 import pytest
 
-# database first: it imports trio_asyncio before psycopg, as psycopg requires under Trio.
-import registry_coordinator.engine.database  # noqa: F401
-
 from .harness import Cluster, Services
 
 

@@ -34,7 +34,6 @@ from typing import Any
 import h11
 import httpx
 import pytest
-import trio_asyncio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -47,7 +46,12 @@ from registry_coordinator.engine.config import load_config
 from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.engine.embedded import EmbeddedPostgres
 from registry_coordinator.engine.migrations import migrate as migrate_schema
-from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path, mint
+from registry_coordinator.http.auth import (
+    DEVELOPMENT_AUDIENCE,
+    DEVELOPMENT_ISSUER,
+    jwks_path,
+    mint,
+)
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER, sign
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind
@@ -553,13 +557,12 @@ def stand_ins(log: Path, ports: dict[str, int], **options: Any) -> Iterator[Stan
 @asynccontextmanager
 async def database(dsn: str, size: int = 2) -> AsyncIterator[Database]:
     """The store's own pool on a migrated database, for tests that drive it in-process."""
-    async with trio_asyncio.open_loop():
-        db = await Database.open(dsn, size)
-        try:
-            await migrate_schema(db)
-            yield db
-        finally:
-            await db.close()
+    db = await Database.open(dsn, size)
+    try:
+        await migrate_schema(db)
+        yield db
+    finally:
+        await db.close()
 
 
 async def admit(db: Database, workflow: str, run_input: Any) -> tuple[Definition, uuid.UUID]:
@@ -778,6 +781,18 @@ class Forms(HTMLParser):
 
 #: The console's client id at the stand-in issuer, in the configurations of :func:`signed_in`.
 CONSOLE_CLIENT = "registry-console"
+
+
+def development_jwt(key: Path, *policies: dict[str, Any]) -> dict[str, Any]:
+    """An ``auth`` section trusting the development issuer's tokens signed with ``key``
+    (:func:`mint`), for the callers ``policies`` name."""
+    return {
+        "mode": "jwt",
+        "issuer": DEVELOPMENT_ISSUER,
+        "audience": DEVELOPMENT_AUDIENCE,
+        "jwksFile": str(jwks_path(key)),
+        "policies": list(policies),
+    }
 
 
 def signed_in(issuer_port: int, key: Path) -> dict[str, Any]:

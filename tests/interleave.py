@@ -43,7 +43,7 @@ class _Gate:
 
 class _GatedConnection(Connection):
     def __init__(self, inner: Connection, gate: _Gate) -> None:
-        super().__init__(inner.session)
+        super().__init__(inner.raw)
         self.gate = gate
 
     async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]:
@@ -92,7 +92,7 @@ class Uncommitted(Database):
 
 class _FailingConnection(Connection):
     def __init__(self, inner: Connection, owner: Failing) -> None:
-        super().__init__(inner.session)
+        super().__init__(inner.raw)
         self.owner = owner
 
     async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]:
@@ -144,11 +144,8 @@ async def blocked_or_done(observer: Database, done: trio.Event) -> bool:
     """Wait until another session waits for a lock (True), or ``done`` is set (False)."""
     while not done.is_set():
         async with observer.connection() as conn:  # a test's own SQL: not a named query
-            row = await conn.blocking(
-                lambda raw: raw.execute(
-                    "SELECT count(*) AS n FROM pg_locks WHERE NOT granted"
-                ).fetchone()
-            )
+            cursor = await conn.raw.execute("SELECT count(*) AS n FROM pg_locks WHERE NOT granted")
+            row = await cursor.fetchone()
         if row is not None and row["n"] > 0:
             return True
         await trio.sleep(0.01)
@@ -196,10 +193,10 @@ async def rival_while_uncommitted(
     the rival waited for the commit, and what the rival returned."""
     contender = _Rival(rival)
     async with db.connection() as conn:
-        await conn.blocking(lambda raw: raw.execute("BEGIN"))
+        await conn.raw.execute("BEGIN")
         await first(Uncommitted(conn, db.dsn))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(contender.run)
             blocked = await blocked_or_done(db, contender.done)
-            await conn.blocking(lambda raw: raw.execute("COMMIT"))
+            await conn.raw.execute("COMMIT")
     return blocked, contender.result[0]

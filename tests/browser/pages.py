@@ -3,12 +3,13 @@ goes wrong in them, and screenshots for the docs.
 
 Invariants:
 - Playwright's sync API needs its asyncio loop as the thread's running loop, and it leaves it
-  there after every call; the rest of the suite runs Trio and trio-asyncio in the same worker
-  thread, where a leftover running loop would capture the Futures that trio-asyncio's loop
-  should own. So Playwright's loop is the running loop only inside :meth:`Chromium.in_use`
-  (one browser test), and the thread is handed back with none.
-- trio-asyncio's event loop policy makes ``asyncio.new_event_loop()`` a Trio-backed loop, on
-  which Playwright's driver cannot run; Playwright is started under the default policy.
+  there after every call; the rest of the suite runs Trio in the same worker thread, where a
+  leftover running loop is not wanted (a test that runs asyncio code, or a library probing
+  for a running loop, would find Playwright's). So Playwright's loop is the running loop only
+  inside :meth:`Chromium.in_use` (one browser test), and the thread is handed back with none.
+- Playwright is started under asyncio's default event loop policy, whatever another library in
+  the process set (trio-asyncio's, for one, makes ``asyncio.new_event_loop()`` a Trio-backed
+  loop, on which Playwright's driver cannot run).
 - A browser test is never skipped: without chromium it fails with one line saying how to get it.
 - Whatever goes wrong in a page fails its test (:class:`PageErrors`) unless the test declared it
   expected; a strict Content-Security-Policy's refusals are console errors, so they count too.

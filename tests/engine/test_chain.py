@@ -10,7 +10,6 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-import trio_asyncio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,26 +173,25 @@ async def test_a_checkpoint_that_loses_the_race_for_its_number_signs_in_the_next
     runs' heads end up signed, though only one of two inserts gets each number."""
     made = [uuid.UUID(run) for run in await _histories(dsn)]
     key = Ed25519PrivateKey.generate()
-    async with trio_asyncio.open_loop():
-        first, second = await Database.open(dsn, 2), await Database.open(dsn, 2)
-        try:
-            for seq in range(5, 25):
-                with sync_connection(dsn) as conn:
-                    for run in made[:2]:
-                        conn.execute(
-                            "INSERT INTO run_events (run_id, seq, at, kind, step, actor)"
-                            " VALUES (%s, %s, now(), 'note', 'invoke', 'someone')",
-                            (run, seq),
-                        )
-                        conn.execute("UPDATE runs SET seq = %s WHERE id = %s", (seq, run))
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(checkpoint, first, key, None, [made[0]])
-                    nursery.start_soon(checkpoint, second, key, None, [made[1]])
+    first, second = await Database.open(dsn, 2), await Database.open(dsn, 2)
+    try:
+        for seq in range(5, 25):
+            with sync_connection(dsn) as conn:
                 for run in made[:2]:
-                    proof = await first.row("audit_run_proof", {"run": run})
-                    assert proof is not None and proof["seq"] == seq, (run, seq, proof)
-        finally:
-            await first.close()
-            await second.close()
+                    conn.execute(
+                        "INSERT INTO run_events (run_id, seq, at, kind, step, actor)"
+                        " VALUES (%s, %s, now(), 'note', 'invoke', 'someone')",
+                        (run, seq),
+                    )
+                    conn.execute("UPDATE runs SET seq = %s WHERE id = %s", (seq, run))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(checkpoint, first, key, None, [made[0]])
+                nursery.start_soon(checkpoint, second, key, None, [made[1]])
+            for run in made[:2]:
+                proof = await first.row("audit_run_proof", {"run": run})
+                assert proof is not None and proof["seq"] == seq, (run, seq, proof)
+    finally:
+        await first.close()
+        await second.close()
     found = await _verify(dsn)
     assert (found.breaks, found.checkpoint_breaks) == ([], [])

@@ -145,11 +145,11 @@ def test_cli_refuses_a_bad_configuration_with_exit_1(tmp_path: Path) -> None:
 
 def test_reading_the_configuration_loads_no_event_loop_nor_its_database_layer() -> None:
     """``coordinator token --config`` reads the configuration and never connects: it must
-    not pay for (nor depend on) trio, trio-asyncio and the service's database layer."""
+    not pay for (nor depend on) trio and the service's database layer."""
     probe = (
         "import sys, registry_coordinator.engine.config as c; "
         "c.has_password('host=db user=app'); "
-        "print(sorted(m for m in ('trio', 'trio_asyncio', 'registry_coordinator.engine.database')"
+        "print(sorted(m for m in ('trio', 'registry_coordinator.engine.database')"
         " if m in sys.modules))"
     )
     result = subprocess.run(

@@ -1,4 +1,4 @@
-"""PostgreSQL from Trio: psycopg's blocking API on a thread per connection, and the named
+"""PostgreSQL from Trio: psycopg's connection with its waiting done by Trio, and the named
 queries.
 
 Every statement the service sends is a query named in ``sql/queries.sql``, looked up
@@ -6,62 +6,58 @@ strictly: a name that is not declared raises :class:`UnknownQuery` before anythi
 sent (a misspelled name must never reach PostgreSQL as if it were SQL). The one
 exception is a migration's file, run whole by :meth:`Connection.execute_script`.
 
-Why threads: each connection of the pool is a :class:`_Session`, a blocking psycopg
-connection that one thread alone uses, fed by a queue; a Trio task hands the thread a
-statement and sleeps until the thread reschedules it with the outcome. Measured on this
-machine (``bench/run.py client``), a statement costs about a third of the CPU it cost
-through psycopg's asyncio API under trio-asyncio, and less than with ``trio.to_thread``
-(a thread from its cache, and a round of Trio's machinery, for every call). LISTEN, which
-waits for hours and must end the moment it is cancelled, keeps the asyncio API
-(:func:`notifications`); nothing else crosses into asyncio.
+How psycopg runs under Trio: psycopg does its protocol work in generators that say when
+they must wait for the socket, and its connection classes differ only in the function
+that waits (a blocking ``select`` for :class:`psycopg.Connection`, asyncio's loop for
+:class:`psycopg.AsyncConnection`). :class:`_TrioConnection` is the asyncio class with that
+one method, ``wait``, done by Trio (``trio.lowlevel.wait_readable``/``wait_writable``), as
+psycopg's author suggested for Trio (psycopg/psycopg2#1057). Nothing crosses into asyncio
+or to another thread: measured on this machine (``bench/run.py client``) a statement costs
+about a quarter of the CPU it cost through trio-asyncio, and less than on a thread per
+connection or through ``trio.to_thread``. What this leans on in psycopg, beyond its public
+API, is named where it is used — ``AsyncConnection.wait``, the generators' ``Wait`` and
+``Ready`` values, and the lock every connection takes, an ``asyncio.Lock`` that is only
+ever free here (one task uses a connection at a time, so it never needs a loop) — and
+pinned: ``psycopg>=3.2,<3.4``. The
+whole suite runs through it, so a psycopg that changed any of it fails there first.
 
-Cancellation: a statement handed to its thread cannot be taken back. A task cancelled
-while its statement runs is released at once, as a network client abandons a reply it no
-longer waits for, and the session is abandoned with it: its thread lets the statement end,
-closes the connection (PostgreSQL rolls back any transaction left open) and ends. So a
-cancelled statement is applied whole or not at all, never half; and a connection that was
-mid-statement or mid-transaction is never given to another task: the pool connects a new
-one in its place.
+Cancellation is Trio's: a task cancelled while its statement runs stops waiting at once.
+The connection is then mid-statement, and it is never given to another task: the pool
+closes it (PostgreSQL rolls back any transaction it had open; a statement outside one
+commits whole or not at all, never half) and connects a new one in its place. Cancelled
+between the statements of a transaction, the transaction is rolled back and the
+connection goes back to the pool.
 
 The pool is ours rather than psycopg_pool's: a checkout is a Trio channel receive, and a
 connection that broke or was left mid-transaction is closed and replaced, never reused.
+One the server closed while it sat in the pool (a restart, a crash, a failover's proxy
+cutting sessions) is found so at checkout, without a round trip, and replaced before a
+statement is sent on it: after an outage, no statement fails on a connection from before.
 """
 
 from __future__ import annotations
 
-import asyncio
 import difflib
-import queue
 import re
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import select
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from importlib import resources
-from typing import Any, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
-import outcome
 import psycopg
-import psycopg.waiting
 import trio
-import trio_asyncio
+from psycopg import pq
+from psycopg.abc import PQGen
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from psycopg.waiting import Ready, Wait
 
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
-# trio_asyncio replaces asyncio's running-loop lookup so asyncio code finds the loop
-# it runs inside Trio; psycopg.waiting took its own reference to the original when it
-# was imported, possibly before trio_asyncio was. Point it at the patched one.
-psycopg.waiting.get_running_loop = asyncio.get_running_loop  # type: ignore[attr-defined]
-
 Row = dict[str, Any]
 T = TypeVar("T")
-P = ParamSpec("P")
-
-
-def _aio(function: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """An asyncio coroutine function, callable from Trio (typed ``aio_as_trio``)."""
-    return cast(Callable[P, Awaitable[T]], trio_asyncio.aio_as_trio(function))
 
 
 MINIMUM_SERVER_VERSION = 170000
@@ -132,99 +128,91 @@ def _translated(exc: psycopg.Error) -> Exception:
     return StatementFailed(_first_line(exc))
 
 
-class _Session:
-    """One PostgreSQL connection and the thread that alone uses it (see the module's
-    docstring for why, and for what cancelling a task that waits on it does)."""
+async def _waited(gen: PQGen[T], fileno: int) -> T:
+    """Run one of psycopg's generators to its end, waiting with Trio as it asks.
 
-    def __init__(self) -> None:
-        self.raw: psycopg.Connection[Row] | None = None  # set by the thread: see connect
-        self.abandoned = False  # set, in Trio's thread, when a task gave up waiting on it
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        # A daemon only so that a process ending on a defect is not kept alive by it: the
-        # pool that made a session closes it and joins its thread.
-        self.thread = threading.Thread(target=self._serve, name="coordinator-database", daemon=True)
-        self.thread.start()
+    ``Wait.RW`` (a send that could not flush at once) waits for the socket to be writable:
+    the server reads a whole statement before it answers, so it is never waiting on us to
+    read while we wait to write.
+    """
+    try:
+        state = next(gen)
+        while True:
+            if state == Wait.R:
+                await trio.lowlevel.wait_readable(fileno)
+                state = gen.send(Ready.R)
+            else:
+                await trio.lowlevel.wait_writable(fileno)
+                state = gen.send(Ready.W)
+    except StopIteration as ended:
+        return cast(T, ended.value)
 
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
-        if self.raw is not None:
-            self.raw.close()
 
-    async def run(self, function: Callable[[], T]) -> T:
-        """``function()`` on this session's thread: its value, or what it raised."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        task = trio.lowlevel.current_task()
-        token = trio.lowlevel.current_trio_token()
+class _TrioConnection(psycopg.AsyncConnection[Row]):
+    """psycopg's asyncio connection, its waiting done by Trio (see the module's docstring)."""
 
-        def deliver(result: outcome.Outcome[T]) -> None:  # in Trio's thread, as abort is
-            if not self.abandoned:
-                trio.lowlevel.reschedule(task, result)
+    async def wait(self, gen: PQGen[T], interval: float = 0.1, timeout: float | None = None) -> T:
+        # psycopg asks for a timeout only of notifies(timeout=...) and of connecting, and
+        # neither is used here: a timeout is Trio's, by cancellation.
+        if timeout is not None:
+            raise TypeError("a psycopg timeout is not supported under Trio: cancel instead")
+        return await _waited(gen, self.pgconn.socket)
 
-        def abort(_: object) -> trio.lowlevel.Abort:
-            self.abandoned = True
-            self._jobs.put(None)  # after the statement in hand: close the connection, end
-            return trio.lowlevel.Abort.SUCCEEDED
+    @classmethod
+    async def open(cls, dsn: str, application_name: str) -> _TrioConnection:
+        """Connect: libpq's blocking connect, on a thread (it resolves host names, which
+        would stop Trio's loop), then a connection in nonblocking mode, as psycopg makes
+        every connection."""
+        conninfo = make_conninfo(dsn, connect_timeout=10, application_name=application_name)
+        pgconn = await trio.to_thread.run_sync(
+            pq.PGconn.connect, conninfo.encode(), abandon_on_cancel=True
+        )
+        if pgconn.status != pq.ConnStatus.OK:
+            why = pgconn.error_message.decode(errors="replace")
+            pgconn.finish()
+            raise psycopg.OperationalError(f"connection failed: {why}")
+        pgconn.nonblocking = 1
+        conn = cls(pgconn, row_factory=dict_row)
+        await conn.set_autocommit(True)
+        return conn
 
-        def job() -> None:  # in this session's thread
-            result = outcome.capture(function)
-            # Abandoned, and Trio has ended since: no one waits for the outcome.
-            with suppress(trio.RunFinishedError):
-                token.run_sync_soon(deliver, result)
-
-        self._jobs.put(job)
-        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
-
-    async def connect(self, dsn: str, application_name: str) -> None:
-        def connect() -> None:
-            self.raw = psycopg.connect(
-                dsn,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=10,
-                application_name=application_name,
-            )
-
-        await self.run(connect)
+    def close_now(self) -> None:
+        """Close the socket, telling Trio first (no task waits on it: none may use it)."""
+        if not self.closed:
+            with suppress(psycopg.OperationalError):  # its socket is already gone
+                trio.lowlevel.notify_closing(self.pgconn.socket)
+        self.pgconn.finish()
 
     @property
     def idle(self) -> bool:
         """Open, with no statement or transaction under way: fit to be given out again."""
-        return (
-            not self.abandoned
-            and self.raw is not None
-            and not self.raw.closed
-            and self.raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        )
+        return not self.closed and self.info.transaction_status == pq.TransactionStatus.IDLE
 
-    def close(self) -> None:
-        """Close the connection once its thread has done what it was given, and end it."""
-        self._jobs.put(None)
+    @property
+    def hung_up(self) -> bool:
+        """Whether the server spoke while the connection sat idle. A pooled connection
+        listens for nothing, so that is the server ending the session (its last message
+        and the end of the stream are what there is to read): its next statement would
+        fail. Rarely it is a notice, and a sound connection is replaced for nothing."""
+        poller = select.poll()
+        poller.register(self.pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
 
 
 class Connection:
     """One checked-out connection; every call runs a named query."""
 
-    def __init__(self, session: _Session) -> None:
-        self.session = session
-
-    async def blocking(self, function: Callable[[psycopg.Connection[Row]], T]) -> T:
-        """``function(connection)`` on the connection's own thread, psycopg's errors
-        translated: for what is not a named query (a migration's file; tests' own SQL)."""
-
-        def call() -> T:
-            assert self.session.raw is not None
-            return function(self.session.raw)
-
-        try:
-            return await self.session.run(call)
-        except psycopg.Error as exc:
-            raise _translated(exc) from None
+    def __init__(self, raw: _TrioConnection) -> None:
+        self.raw = raw
 
     async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run a named query and return its rows, if it has any."""
-        sql, adapted = named(query), _adapt(params)
-        return await self.blocking(lambda raw: _fetch(raw, sql, adapted))
+        sql = named(query)
+        try:
+            cursor = await self.raw.execute(sql, _adapt(params))
+            return [] if cursor.description is None else await cursor.fetchall()
+        except psycopg.Error as exc:
+            raise _translated(exc) from None
 
     async def row(self, query: str, params: Mapping[str, Any] | None = None) -> Row | None:
         found = await self.rows(query, params)
@@ -232,35 +220,38 @@ class Connection:
 
     async def execute(self, query: str, params: Mapping[str, Any] | None = None) -> int:
         """Run a named statement; returns the number of rows it touched."""
-        sql, adapted = named(query), _adapt(params)
-        return await self.blocking(lambda raw: raw.execute(sql, adapted).rowcount)
+        sql = named(query)
+        try:
+            return (await self.raw.execute(sql, _adapt(params))).rowcount
+        except psycopg.Error as exc:
+            raise _translated(exc) from None
 
     async def execute_script(self, script: str) -> None:
         """Run SQL text that is not a named query: a migration's whole file (statements
         without parameters). Only :mod:`migrations` sends such text."""
-        await self.blocking(lambda raw: raw.execute(script))
+        await self._statement(script.encode())
+
+    async def _statement(self, sql: bytes) -> None:
+        try:
+            await self.raw.execute(sql)
+        except psycopg.Error as exc:
+            raise _translated(exc) from None
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
         """A transaction around the block: committed if the block ends normally, rolled
-        back if it raises. Cancelled, the session is abandoned (its thread closes the
-        connection, so PostgreSQL rolls back) unless the block was between statements,
-        when it is rolled back here."""
-        await self.blocking(lambda raw: raw.execute("BEGIN"))
+        back if it raises — cancelled too, if between statements; cancelled mid-statement,
+        the connection is left to the pool to close, and PostgreSQL rolls back."""
+        await self._statement(b"BEGIN")
         try:
             yield self
         except BaseException:
-            if not self.session.abandoned:
+            if self.raw.info.transaction_status != pq.TransactionStatus.ACTIVE:
                 # Broken meanwhile, the connection is closed by the pool: PostgreSQL rolls back.
                 with trio.CancelScope(shield=True), suppress(CoordinatorError):
-                    await self.blocking(lambda raw: raw.execute("ROLLBACK"))
+                    await self._statement(b"ROLLBACK")
             raise
-        await self.blocking(lambda raw: raw.execute("COMMIT"))
-
-
-def _fetch(raw: psycopg.Connection[Row], sql: str, params: dict[str, Any] | None) -> list[Row]:
-    cursor = raw.execute(sql, params)
-    return [] if cursor.description is None else cursor.fetchall()
+        await self._statement(b"COMMIT")
 
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -278,7 +269,6 @@ class Database:
         self.size = size
         self.application_name = application_name  # on every session, in pg_stat_activity
         self._send, self._receive = trio.open_memory_channel[Connection | None](size)
-        self._left: list[threading.Thread] = []  # threads of sessions closed, to join
 
     @classmethod
     async def open(
@@ -292,43 +282,33 @@ class Database:
                 connected.append(await database._connect())
         except BaseException:
             for conn in connected:
-                database._retire(conn.session)
-            await database._join()
+                conn.raw.close_now()
             raise
         for conn in connected:
             database._send.send_nowait(conn)
         return database
 
     async def _connect(self) -> Connection:
-        session = _Session()
         try:
-            await session.connect(self.dsn, self.application_name)
-        except BaseException as exc:
-            self._retire(session)
-            if isinstance(exc, psycopg.OperationalError):
-                raise Unavailable(_first_line(exc)) from None
-            raise
-        return Connection(session)
-
-    def _retire(self, session: _Session) -> None:
-        session.close()
-        self._left = [thread for thread in self._left if thread.is_alive()]
-        self._left.append(session.thread)
+            return Connection(await _TrioConnection.open(self.dsn, self.application_name))
+        except psycopg.OperationalError as exc:
+            raise Unavailable(_first_line(exc)) from None
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
-        """Check out a connection; it goes back only if it is idle and healthy."""
+        """Check out a connection, replaced first if it broke or the server closed it; it
+        goes back only if it is idle and healthy."""
         conn = await self._receive.receive()
         try:
-            if conn is None or not conn.session.idle:
+            if conn is None or not conn.raw.idle or conn.raw.hung_up:
                 if conn is not None:
-                    self._retire(conn.session)
+                    conn.raw.close_now()
                 conn = None
                 conn = await self._connect()
             yield conn
         finally:
-            if conn is not None and not conn.session.idle:
-                self._retire(conn.session)
+            if conn is not None and not conn.raw.idle:
+                conn.raw.close_now()
                 conn = None
             self._send.send_nowait(conn)
 
@@ -345,21 +325,12 @@ class Database:
             return await conn.execute(query, params)
 
     async def close(self) -> None:
-        """Close every connection once it is given back, and wait for their threads (a
-        session abandoned mid-statement ends when its statement does)."""
+        """Close every connection, as each is given back."""
         with trio.CancelScope(shield=True):
             for _ in range(self.size):
                 conn = await self._receive.receive()
                 if conn is not None:
-                    self._retire(conn.session)
-            await self._join()
-
-    async def _join(self) -> None:
-        """Wait for the threads of the sessions closed (shielded: they end on their own)."""
-        with trio.CancelScope(shield=True):
-            for thread in self._left:
-                await trio.to_thread.run_sync(thread.join)
-        self._left = []
+                    conn.raw.close_now()
 
 
 @asynccontextmanager
@@ -370,23 +341,20 @@ async def notifications(db: Database, channel: str) -> AsyncIterator[AsyncIterat
     A lost connection surfaces as :class:`Unavailable`, from here or from iterating.
     """
     try:
-        raw = await _aio(psycopg.AsyncConnection.connect)(
-            db.dsn, autocommit=True, connect_timeout=10, application_name=db.application_name
-        )
+        raw = await _TrioConnection.open(db.dsn, db.application_name)
     except psycopg.OperationalError as exc:
         raise Unavailable(_first_line(exc)) from None
     try:
-        await _aio(raw.execute)(f"LISTEN {channel}")
+        await raw.execute(f"LISTEN {channel}".encode())
         yield _payloads(raw)
     except psycopg.OperationalError as exc:
         raise Unavailable(_first_line(exc)) from None
     finally:
-        with trio.CancelScope(shield=True):
-            await _aio(raw.close)()
+        raw.close_now()
 
 
-async def _payloads(raw: psycopg.AsyncConnection[Any]) -> AsyncIterator[str]:
-    async for note in trio_asyncio.aio_as_trio(raw.notifies()):
+async def _payloads(raw: _TrioConnection) -> AsyncIterator[str]:
+    async for note in raw.notifies():
         yield note.payload
 
 
