@@ -24,8 +24,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import positive_data_acceptance
 
-from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path, mint
-from tests.harness import Cluster, Services
+from registry_coordinator.http.auth import mint
+from tests.harness import Cluster, Services, development_jwt
 
 BODY_LIMIT = 4096
 
@@ -81,13 +81,9 @@ def live_api(
     key = directory / "signing-key.pem"
     operator = mint(key, "operators", ["coordinator.operate"], 1800)
     stranger = mint(key, "strangers", ["coordinator.operate"], 1800)
-    auth = {
-        "mode": "jwt",
-        "issuer": DEVELOPMENT_ISSUER,
-        "audience": DEVELOPMENT_AUDIENCE,
-        "jwksFile": str(jwks_path(key)),
-        "policies": [{"client": "operators", "scopes": ["coordinator.operate"], "operator": True}],
-    }
+    auth = development_jwt(
+        key, {"client": "operators", "scopes": ["coordinator.operate"], "operator": True}
+    )
     dsn = cluster.create_database(migrated=True)
     extra = {"limits": {"requestBody": BODY_LIMIT}, "auth": auth}
     with Services(directory, dsn) as services:
@@ -222,7 +218,7 @@ def test_the_api_matches_its_document(live_api: tuple[str, tuple[Identity, ...]]
     url, identities = live_api
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-    assert len(operations) == 14
+    assert len(operations) == 15
     plan = [
         (operation, identity)
         for operation in operations

@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path, mint
-from tests.harness import ROOT, Service, Services, process_env, wait_state
+from registry_coordinator.http.auth import mint
+from tests.harness import ROOT, Service, Services, development_jwt, process_env, wait_state
 
 
 def metrics(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -102,21 +102,16 @@ def test_every_cli_command_against_a_live_service(
     operator.write_text(mint(key, "operators", ["coordinator.operate"], 1800))
     portal = tmp_path / "portal.token"
     portal.write_text(mint(key, "case-portal", ["coordinator.runs"], 1800))
-    auth = {
-        "mode": "jwt",
-        "issuer": DEVELOPMENT_ISSUER,
-        "audience": DEVELOPMENT_AUDIENCE,
-        "jwksFile": str(jwks_path(key)),
-        "policies": [
-            {"client": "operators", "scopes": ["coordinator.operate"], "operator": True},
-            {
-                "client": "case-portal",
-                "scopes": ["coordinator.runs"],
-                "workflows": ["*"],
-                "actions": ["start", "read", "cancel"],
-            },
-        ],
-    }
+    auth = development_jwt(
+        key,
+        {"client": "operators", "scopes": ["coordinator.operate"], "operator": True},
+        {
+            "client": "case-portal",
+            "scopes": ["coordinator.runs"],
+            "workflows": ["*"],
+            "actions": ["start", "read", "cancel"],
+        },
+    )
     connections = {
         "notices": ("messaging", {"requestTimeout": "PT1S"}),
         "registry": ("breg", {"requestTimeout": "PT1S"}),

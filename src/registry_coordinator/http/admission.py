@@ -4,7 +4,13 @@ the routes around it — the workflows a start may name, an operator's hold and 
 A caller's Idempotency-Key stands for one start request (workflow, version as asked,
 input): the same request again returns the original run, anything else under that key
 is refused. Whether admission is held is decided by the statement that admits the run
-(:func:`store.admit`), so a hold and a start cannot pass each other.
+(:func:`store.admit`, :func:`store.admit_many` for a batch), so a hold and a start cannot
+pass each other.
+
+A batch is many starts in one request, each with its own key (the header's rule) and
+its own outcome, exactly the one it would get alone: its run, or the refusal a single
+start would answer. A batch the API cannot read as a list of distinct starts is refused
+whole, and changes nothing; otherwise the starts admitted are admitted in one statement.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from quart import Response
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.engine import operator_actions, store
-from registry_coordinator.engine.database import Database
+from registry_coordinator.engine.database import Database, Row
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.archive import gone
@@ -27,13 +33,17 @@ from registry_coordinator.http.operations import require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import authenticated, body_json, json_response
 
-START_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+START_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+#: The most starts one batch may carry: what one statement admits in well under a second.
+MAX_BATCH = 500
+_START_FIELDS = frozenset({"workflow", "version", "input"})
 
 
 @dataclass(frozen=True)
 class Started:
     run_id: str
     created: bool
+    row: Row  # the run's status as it stood when admitted or found (``runs.run_status``)
 
 
 def _start_key(start_key: str | None) -> str:
@@ -43,7 +53,7 @@ def _start_key(start_key: str | None) -> str:
             "request.idempotency-key-missing",
             "send an Idempotency-Key header: a value you choose, reused on retries",
         )
-    if not START_KEY.match(start_key):
+    if not START_KEY.fullmatch(start_key):
         raise Problem(
             400,
             "request.idempotency-key-invalid",
@@ -58,7 +68,7 @@ def _start_request(body: JSON) -> tuple[str, str | None, JSON]:
         raise Problem(
             400, "request.invalid", "the body must be a JSON object {workflow, version?, input}"
         )
-    unknown = sorted(set(body) - {"workflow", "version", "input"})
+    unknown = sorted(set(body) - _START_FIELDS)
     if unknown:
         raise Problem(
             400,
@@ -74,19 +84,16 @@ def _start_request(body: JSON) -> tuple[str, str | None, JSON]:
     return workflow, version, body["input"]
 
 
-async def start(
-    db: Database,
+def _checked(
     workflows: Workflows,
-    timer: Timer,
     caller: Caller,
-    start_key: str | None,
-    body: JSON,
-    traceparent: str | None = None,
-) -> Started:
-    """Admit the run a start asks for, in the caller's trace context ``traceparent``
-    (checked: ``tracing.accepted``) if it was sent in one, or refuse it with a Problem."""
-    key = _start_key(start_key)
-    workflow, version, given = _start_request(body)
+    key: str,
+    workflow: str,
+    version: str | None,
+    given: JSON,
+) -> store.Start:
+    """The start the store takes, once the caller's policies cover the workflow (403),
+    it is pinned (404) and the input fits its schema (422)."""
     caller.require("start", workflow)
     pinned = workflows.for_start(workflow, version)
     if pinned is None:
@@ -105,34 +112,140 @@ async def start(
             "the input does not fit the workflow's input schema",
             errors=problems,
         )
+    return store.Start(pinned.definition, pinned.digest, key, given, version)
+
+
+def _refusal(refused: store.KeyReused | store.StartArchived | store.AdmissionHeld) -> Problem:
+    """The refusal a start the store did not admit is answered with."""
+    if isinstance(refused, store.AdmissionHeld):
+        return Problem(
+            503, "admission.held", f"new runs are not admitted: {refused.reason} ({refused.actor})"
+        )
+    if isinstance(refused, store.StartArchived):
+        return gone(refused.row)
+    return Problem(
+        409,
+        "run.key-reused",
+        "this Idempotency-Key already started a run of another workflow, version or "
+        "input: send a new key for a new start",
+        run=str(refused.run_id),
+    )
+
+
+def _started(admitted: store.Admitted) -> Started:
+    return Started(str(admitted.run_id), admitted.created, admitted.row)
+
+
+async def start(
+    db: Database,
+    workflows: Workflows,
+    timer: Timer,
+    caller: Caller,
+    start_key: str | None,
+    body: JSON,
+    traceparent: str | None = None,
+) -> Started:
+    """Admit the run a start asks for, in the caller's trace context ``traceparent``
+    (checked: ``tracing.accepted``) if it was sent in one, or refuse it with a Problem."""
+    key = _start_key(start_key)
+    asked = _checked(workflows, caller, key, *_start_request(body))
     try:
         admitted = await store.admit(
             db,
-            pinned.definition,
-            pinned.digest,
+            asked.definition,
+            asked.digest,
             caller.client,
             key,
-            given,
-            version,
+            asked.run_input,
+            asked.asked_version,
             traceparent=traceparent,
         )
-    except store.AdmissionHeld as held:
-        raise Problem(
-            503, "admission.held", f"new runs are not admitted: {held.reason} ({held.actor})"
-        ) from None
-    except store.StartArchived as archived:
-        raise gone(archived.row) from None
-    except store.KeyReused as reused:
-        raise Problem(
-            409,
-            "run.key-reused",
-            "this Idempotency-Key already started a run of another workflow, version or "
-            "input: send a new key for a new start",
-            run=str(reused.run_id),
-        ) from None
+    except (store.AdmissionHeld, store.StartArchived, store.KeyReused) as refused:
+        raise _refusal(refused) from None
     if admitted.created:
         timer.runnable()
-    return Started(str(admitted.run_id), admitted.created)
+    return _started(admitted)
+
+
+def _batch(body: JSON) -> list[tuple[str, tuple[str, str | None, JSON]]]:
+    """Each start of a batch body, in order: its key, and what it asks for. Refused whole
+    (400) unless it is {starts: [...]} of 1 to MAX_BATCH starts, each a start body with a
+    key of its own."""
+    shape = 'the body must be a JSON object {"starts": [{key, workflow, version?, input}, ...]}'
+    if not isinstance(body, dict) or set(body) != {"starts"}:
+        raise Problem(400, "request.invalid", shape)
+    starts = body["starts"]
+    if not isinstance(starts, list) or not 1 <= len(starts) <= MAX_BATCH:
+        raise Problem(
+            400,
+            "request.invalid",
+            f"starts must be a list of 1 to {MAX_BATCH} starts: send more in further batches",
+        )
+    asked: list[tuple[str, tuple[str, str | None, JSON]]] = []
+    first: dict[str, int] = {}
+    for n, each in enumerate(starts):
+        if not isinstance(each, dict):
+            raise Problem(400, "request.invalid", f"starts[{n}] is not a start: {shape}")
+        fields = {name: value for name, value in each.items() if name != "key"}
+        key = each.get("key")
+        if key is None:
+            raise Problem(
+                400,
+                "request.idempotency-key-missing",
+                f"starts[{n}] has no key: give each start a key you choose, reused on retries",
+            )
+        if not isinstance(key, str) or not START_KEY.fullmatch(key):
+            raise Problem(
+                400,
+                "request.idempotency-key-invalid",
+                f"starts[{n}].key must be 1 to 200 visible ASCII characters",
+            )
+        if key in first:
+            raise Problem(
+                400,
+                "request.invalid",
+                f"starts[{first[key]}] and starts[{n}] have the same key {key}: "
+                "give each start of a batch its own key",
+            )
+        first[key] = n
+        try:
+            asked.append((key, _start_request(fields)))
+        except Problem as refusal:
+            raise Problem(400, refusal.code, f"starts[{n}]: {refusal.detail}") from None
+    return asked
+
+
+async def start_batch(
+    db: Database,
+    workflows: Workflows,
+    timer: Timer,
+    caller: Caller,
+    body: JSON,
+    traceparent: str | None = None,
+) -> list[tuple[str, Started | Problem]]:
+    """Admit the starts of a batch, as :func:`start` admits one, the runs all in the
+    caller's trace context ``traceparent``: each start's key and its run or its refusal,
+    in order. A caller no policy lets start anything, or a body that is not a batch, is
+    refused whole (a Problem raised)."""
+    caller.require("start")
+    results: dict[str, Started | Problem] = {}
+    admissible: list[store.Start] = []
+    asked = _batch(body)
+    for key, request in asked:
+        try:
+            admissible.append(_checked(workflows, caller, key, *request))
+        except Problem as refusal:
+            results[key] = refusal
+    if admissible:
+        outcomes = await store.admit_many(db, caller.client, admissible, traceparent)
+        for each, outcome in zip(admissible, outcomes, strict=True):
+            if isinstance(outcome, store.Admitted):
+                results[each.start_key] = _started(outcome)
+            else:
+                results[each.start_key] = _refusal(outcome)
+    if any(isinstance(r, Started) and r.created for r in results.values()):
+        timer.runnable()
+    return [(key, results[key]) for key, _ in asked]
 
 
 async def pinned(context: Context) -> Response:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 #: Every route of the API, as ``openapi.yaml`` documents it (``tests/test_routes`` compares).
 ROUTES = (
     route("/v1/runs", post=runs.start, get=runs.listing),
+    route("/v1/runs:batch", post=runs.start_batch),  # no slash: never a <run_id> below
     route("/v1/runs/<run_id>", get=runs.status),
     route("/v1/runs/<run_id>/history", get=runs.history),
     route("/v1/runs/<run_id>/cancel", post=runs.cancel),

@@ -19,8 +19,12 @@ CODES: dict[str, str] = {
     "request.too-deep": "the body nests arrays and objects too deep",
     "request.too-large": "the body is larger than the configured limit",
     "request.unsupported-media-type": "a body on a JSON route that is not sent as JSON",
-    "request.idempotency-key-missing": "a start without an Idempotency-Key header",
-    "request.idempotency-key-invalid": "an Idempotency-Key that is not 1-200 visible ASCII",
+    "request.idempotency-key-missing": (
+        "a start without an Idempotency-Key header, or a batch start without a key"
+    ),
+    "request.idempotency-key-invalid": (
+        "an Idempotency-Key (or a batch start's key) that is not 1-200 visible ASCII"
+    ),
     "request.invalid-filter": "a run listing filter or limit that is not allowed",
     "request.invalid-cursor": "a page cursor this API did not return",
     "request.reason-missing": "an action without a reason",

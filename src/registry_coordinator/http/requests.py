@@ -49,8 +49,10 @@ _UNUSABLE_BODY = {
 }
 
 
-def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
-    body = {
+def problem_body(status: int, code: str, detail: str, **extra: JSON) -> dict[str, JSON]:
+    """An RFC 9457 problem's body: what a refused request is answered with, and what a
+    batch start says of each start refused."""
+    return {
         "type": PROBLEM_TYPE + code,
         "title": _TITLES.get(status, "Request refused"),
         "status": status,
@@ -58,6 +60,10 @@ def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
         "detail": detail,
         **extra,
     }
+
+
+def problem(status: int, code: str, detail: str, **extra: JSON) -> Response:
+    body = problem_body(status, code, detail, **extra)
     response = Response(json.dumps(body), status=status, content_type="application/problem+json")
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="registry-coordinator"'

@@ -31,6 +31,7 @@ from registry_coordinator.http.requests import (
     instant,
     json_response,
     next_cursor,
+    problem_body,
 )
 from registry_coordinator.semantics.codes import RunState
 
@@ -99,8 +100,8 @@ async def visible_run(context: Context, who: Caller, run_id: str, action: str) -
 
 
 async def _current(context: Context, run_id: uuid.UUID) -> Row:
-    """The run as it stands now, after a start or an action on it: 410 if it was archived
-    meanwhile (a start retried just as its run, long ended, left for its bundle)."""
+    """The run as it stands now, after an action on it: 410 if it was archived meanwhile
+    (the run, long ended, left for its bundle)."""
     row = await store.status(context.db, run_id)
     if row is None:
         archived = await store.archived(context.db, run_id)
@@ -109,13 +110,9 @@ async def _current(context: Context, run_id: uuid.UUID) -> Row:
     return row
 
 
-async def start(context: Context) -> Response:
-    """Admit a run (201), or find the one this Idempotency-Key started (200). A process
-    that is shutting down admits none: a run it admitted now would wait for a restart.
-    Sent inside a trace (W3C ``traceparent``, with tracing on), the run continues it; an
-    invalid one is ignored, as W3C Trace Context asks."""
-    who = await authenticated(context)
-    body = await body_json()
+def _refuse_if_stopping(context: Context) -> None:
+    """A process that is shutting down admits none: a run it admitted now would wait for
+    a restart."""
     if context.stopping.is_set():
         raise Problem(
             503,
@@ -123,6 +120,16 @@ async def start(context: Context) -> Response:
             f"this process is shutting down: send the same start again in {RETRY_AFTER} s, "
             "to it once restarted or to another process",
         )
+
+
+async def start(context: Context) -> Response:
+    """Admit a run (201), or find the one this Idempotency-Key started (200), answering
+    with its status as it stood then (one statement for a run created). Not while the
+    process shuts down. Sent inside a trace (W3C ``traceparent``, with tracing on), the
+    run continues it; an invalid one is ignored, as W3C Trace Context asks."""
+    who = await authenticated(context)
+    body = await body_json()
+    _refuse_if_stopping(context)
     started = await admission.start(
         context.db,
         context.workflows,
@@ -132,11 +139,48 @@ async def start(context: Context) -> Response:
         body,
         tracing.accepted(request.headers),
     )
-    row = await _current(context, uuid.UUID(started.run_id))
     if started.created:
-        context.metrics.runs_started.labels(row["workflow_id"]).inc()
+        context.metrics.runs_started.labels(started.row["workflow_id"]).inc()
     status = 201 if started.created else 200
-    return json_response(run_status(row), status, {"Location": f"/v1/runs/{started.run_id}"})
+    headers = {"Location": f"/v1/runs/{started.run_id}"}
+    return json_response(run_status(started.row), status, headers)
+
+
+async def start_batch(context: Context) -> Response:
+    """Many starts in one request (``{"starts": [{key, workflow, version?, input}]}``):
+    200 with each start's result, in order, as a single start with its key would have
+    answered — its status (201 created, 200 found) and run, or its status and problem.
+    A start refused does not stop the others; a batch that is not one is refused whole,
+    as is every start while the process shuts down."""
+    who = await authenticated(context)
+    body = await body_json()
+    _refuse_if_stopping(context)
+    started = await admission.start_batch(
+        context.db,
+        context.workflows,
+        context.timer,
+        who,
+        body,
+        tracing.accepted(request.headers),
+    )
+    results: list[JSON] = []
+    for key, outcome in started:
+        if isinstance(outcome, Problem):
+            results.append(
+                {
+                    "key": key,
+                    "status": outcome.status,
+                    "problem": problem_body(
+                        outcome.status, outcome.code, outcome.detail, **outcome.extra
+                    ),
+                }
+            )
+            continue
+        if outcome.created:
+            context.metrics.runs_started.labels(outcome.row["workflow_id"]).inc()
+        status = 201 if outcome.created else 200
+        results.append({"key": key, "status": status, "run": run_status(outcome.row)})
+    return json_response({"results": results})
 
 
 def _state(text: str | None) -> RunState | None:

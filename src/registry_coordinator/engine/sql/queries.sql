@@ -49,7 +49,8 @@ SELECT artifact FROM definitions WHERE digest = %(digest)s;
 --
 -- The admission row is locked (shared) by the statement that inserts the run: a hold
 -- (which updates that row) and a start serialize, so a start that commits after a hold
--- has seen it. Returns the run's id when one was admitted, and admission as it stood.
+-- has seen it. Returns admission as it stood, and the run admitted, if one was, with its
+-- status as run_status shows it. (admit_runs does the same for many starts.)
 WITH gate AS MATERIALIZED (
     SELECT held, reason, actor FROM admission FOR SHARE
 ), admitted AS (
@@ -62,27 +63,101 @@ WITH gate AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
       AND NOT EXISTS (SELECT FROM archived_runs  -- a key is remembered past archiving
                       WHERE caller = %(caller)s AND start_key = %(start_key)s)
-    ON CONFLICT (caller, start_key) DO NOTHING
-    RETURNING id, step, admitted_at
+    ON CONFLICT (caller, start_key) DO NOTHING  -- runs_by_start_keys then finds the run
+    RETURNING id, workflow_id, digest, caller, state, step, seq, attempt, timer_at, outcome,
+              output, failure_code, hold_code, detail, admitted_at, deadline_at, updated_at,
+              ended_at
 ), evented AS (
     INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
     SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
-    RETURNING run_id
+    RETURNING run_id, hash, detail ->> 'version' AS version
 )
-SELECT (SELECT run_id FROM evented) AS run_id,
+SELECT gate.held, gate.reason, gate.actor,
        (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
-       gate.held, gate.reason, gate.actor
-FROM gate;
+       r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
+       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail, r.admitted_at,
+       r.deadline_at, r.updated_at, r.ended_at,
+       NULL::integer AS late_attempt, NULL::integer AS late_status,  -- a new run holds no
+       NULL::timestamptz AS late_at,                                 -- late answer
+       encode(e.hash, 'hex') AS head
+FROM gate
+LEFT JOIN (admitted r JOIN evented e ON e.run_id = r.id) ON true;
 
--- name: archived_by_start_key
--- The archived run a caller's Idempotency-Key started, the start it stood for, and its bundle.
-SELECT id, start_digest, digest, workflow_id, caller, state, outcome, admitted_at, ended_at,
-       archived_at, bundle, sha256
-FROM archived_runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
+-- name: admit_runs
+-- A batch's new runs, due at once, unless admission is held or a start's key is used.
+--
+-- As admit_run, for many starts in one statement that locks the admission row (shared).
+-- Inserted in key order: batches sharing keys wait for one another, never deadlock. A
+-- row per run admitted, its status as run_status shows it, with admission as it stood;
+-- none admitted, one row of admission alone.
+WITH gate AS MATERIALIZED (
+    SELECT held, reason, actor FROM admission FOR SHARE
+), admitted AS (
+    INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
+                      state, step, seq, due_at, admitted_at, deadline_at, updated_at,
+                      traceparent)
+    SELECT gen_random_uuid(), s.digest, s.workflow_id, %(caller)s, s.start_key,
+           s.start_digest, s.input, 'running', s.step, 1, now(), now(), now() + s.deadline,
+           now(), %(traceparent)s
+    FROM unnest(%(digests)s::text[], %(workflow_ids)s::text[], %(start_keys)s::text[],
+                %(start_digests)s::text[], %(inputs)s::jsonb[], %(steps)s::text[],
+                %(deadlines)s::interval[])
+         AS s (digest, workflow_id, start_key, start_digest, input, step, deadline)
+    WHERE NOT EXISTS (SELECT FROM gate WHERE held)
+      AND NOT EXISTS (SELECT FROM archived_runs a  -- a key is remembered past archiving
+                      WHERE a.caller = %(caller)s AND a.start_key = s.start_key)
+    ORDER BY s.start_key
+    ON CONFLICT (caller, start_key) DO NOTHING  -- runs_by_start_keys then finds the run
+    RETURNING id, workflow_id, digest, caller, state, step, seq, attempt, timer_at, outcome,
+              output, failure_code, hold_code, detail, admitted_at, deadline_at, updated_at,
+              ended_at, start_key
+), evented AS (
+    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+    SELECT r.id, 1, r.admitted_at, 'admitted', r.step, %(caller)s,
+           jsonb_build_object('workflow', r.workflow_id, 'version', d.version,
+                              'digest', r.digest)
+    FROM admitted r JOIN definitions d ON d.digest = r.digest
+    RETURNING run_id, hash, detail ->> 'version' AS version
+)
+SELECT gate.held, gate.reason, gate.actor,
+       (SELECT pg_notify('coordinator_wake', 'admitted') WHERE EXISTS (SELECT FROM evented))
+           AS notified,
+       r.start_key, r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq,
+       r.attempt, r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       NULL::integer AS late_attempt, NULL::integer AS late_status,  -- a new run holds no
+       NULL::timestamptz AS late_at,                                 -- late answer
+       encode(e.hash, 'hex') AS head
+FROM gate
+LEFT JOIN (admitted r JOIN evented e ON e.run_id = r.id) ON true;
 
--- name: run_by_start_key
--- The run a caller's Idempotency-Key started, and the start it stands for.
-SELECT id, start_digest FROM runs WHERE caller = %(caller)s AND start_key = %(start_key)s;
+-- name: runs_by_start_keys
+-- The runs a caller's Idempotency-Keys started, live or archived, and the start each stands for.
+--
+-- A live run comes with its status as run_status shows it; an archived one with where it
+-- went (archived_at, bundle, sha256: null for a live run), as archived_run shows it.
+-- Retention moves a run from runs to archived_runs in one transaction, so a key names
+-- at most one of the two.
+SELECT r.start_key, r.start_digest, r.id, r.workflow_id, d.version, r.digest, r.caller,
+       r.state, r.step, r.seq, r.attempt, r.timer_at, r.outcome, r.output, r.failure_code,
+       r.hold_code, r.detail, r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       late.attempt AS late_attempt, late.late_status, late.late_at,
+       encode(head.hash, 'hex') AS head,
+       NULL::timestamptz AS archived_at, NULL::text AS bundle, NULL::text AS sha256
+FROM runs r JOIN definitions d ON d.digest = r.digest
+LEFT JOIN run_events head ON head.run_id = r.id AND head.seq = r.seq
+LEFT JOIN LATERAL (  -- as run_status: a held call's latest late answer
+    SELECT e.attempt, e.late_status, e.late_at FROM executions e
+    WHERE r.state = 'held' AND e.run_id = r.id AND e.step = r.step AND e.late_at IS NOT NULL
+    ORDER BY e.attempt DESC LIMIT 1
+) late ON true
+WHERE r.caller = %(caller)s AND r.start_key = ANY (%(start_keys)s::text[])
+UNION ALL
+SELECT a.start_key, a.start_digest, a.id, a.workflow_id, NULL, a.digest, a.caller, a.state,
+       NULL, a.seq, NULL, NULL, a.outcome, NULL, NULL, NULL, NULL, a.admitted_at, NULL, NULL,
+       a.ended_at, NULL, NULL, NULL, encode(a.head, 'hex'), a.archived_at, a.bundle, a.sha256
+FROM archived_runs a
+WHERE a.caller = %(caller)s AND a.start_key = ANY (%(start_keys)s::text[]);
 
 -- name: run_status
 -- One run as its status shows it, with a held call's late answer, if one came.
