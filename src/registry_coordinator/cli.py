@@ -148,6 +148,26 @@ def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     """Running the service, and the stand-in products and tokens to try it with."""
     serve = commands.add_parser("serve", help="run the service")
     serve.add_argument("--config", type=Path, required=True, metavar="FILE")
+    serve.add_argument(
+        "--processes",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run N service processes sharing listen.port, each its own lease holder, "
+        "under one supervisor (about one per core); 1, the default, runs one and no supervisor",
+    )
+    serve.add_argument(
+        "--process-ports",
+        type=_positive,
+        metavar="FIRST",
+        help="with --processes: also serve process k (from 0) alone on port FIRST+k of "
+        "listen.host, its own /metrics and /ready, for scraping each process",
+    )
+    # How a supervisor starts its processes (processes.Supervisor); not for people.
+    serve.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--process-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--supervisor-fd", type=int, help=argparse.SUPPRESS)
 
     migrate = commands.add_parser("migrate", help="apply pending database schema migrations")
     migrate.add_argument("--config", type=Path, required=True, metavar="FILE")
@@ -482,12 +502,33 @@ def _catalog(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
 def _serve(args: argparse.Namespace) -> int:
     from registry_coordinator.engine.workflows import load_service
-    from registry_coordinator.service import require_free, serve
+    from registry_coordinator.service import Seat, require_free, serve
 
     _logging()
     config, workflows = load_service(args.config)  # every problem of every stage at once
+    if args.child is not None:  # a supervisor's process: the supervisor checked the rest
+        seat = Seat.child(args.child, args.listen_fd, args.supervisor_fd, args.process_fd)
+        return _run_service(lambda: serve(config, workflows, seat))
+    if args.processes > 1:
+        from registry_coordinator.processes import Supervisor
+
+        return _run_service(Supervisor(config, args.processes, args.process_ports).run)
+    if args.process_ports is not None:
+        print(
+            "coordinator serve: --process-ports is for --processes 2 or more: one process "
+            "alone is reached on listen.port",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
     where = f"listen.host, listen.port in {config.file}"
     require_free(config.host, config.port, where, "give listen.port another port")
     return _run_service(lambda: serve(config, workflows))

@@ -11,6 +11,13 @@ service.stopping), workers stop claiming and finish the step they are on, calls
 in flight get the configured grace period and are then cancelled (recorded as
 uncertain), and the rest of the nursery is cancelled. No task outlives it.
 
+A process serves in one of two seats (:class:`Seat`). Alone, it binds ``listen.host`` and
+``listen.port`` itself and is the lease holder ``host:port``. As process ``k`` of
+``coordinator serve --processes N`` (:mod:`registry_coordinator.processes`), it serves
+the sockets its supervisor bound and passed down (hypercorn's ``fd://N``), is the lease
+holder ``host:port/k``, and shuts down as on SIGTERM when the supervisor is gone: it never
+serves on unsupervised.
+
 Tracing, when on, is set up before anything else (a missing exporter is refused in one
 line, before PostgreSQL starts) and flushed last, once every task that makes spans has
 ended: the spans of the steps and calls that finished during the shutdown are sent.
@@ -20,14 +27,15 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import httpx
 import trio
-import trio_asyncio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -60,31 +68,63 @@ class PortInUse(CoordinatorError):
     exit_code = ExitCode.UNAVAILABLE
 
 
+def bind(host: str, port: int, given: str, repair: str) -> socket.socket:
+    """A socket bound to the address, or the one-line refusal of an address another process
+    listens on. Like hypercorn's, it reuses an address left in TIME_WAIT."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise PortInUse(
+            f"{host}:{port} is in use by another process ({given}): stop it, or {repair}"
+        ) from None
+    return sock
+
+
 def require_free(host: str, port: int, given: str, repair: str) -> None:
     """Refuse, in one line, an address another process listens on, before anything is
     started: a bind from the nursery would fail only after PostgreSQL started, and in an
-    exception group. (Taken between this check and that bind, it still fails there.)
-    Like hypercorn's, the probe reuses an address left in TIME_WAIT."""
-    if port == 0:
-        return
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise PortInUse(
-                f"{host}:{port} is in use by another process ({given}): stop it, or {repair}"
-            ) from None
+    exception group. (Taken between this check and that bind, it still fails there.)"""
+    if port != 0:
+        bind(host, port, given, repair).close()
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where one service process listens, and who it is as a lease holder."""
+
+    holder: str  # the lease holder's name (``store.Holder``), recorded as its events' actor
+    binds: tuple[str, ...]  # hypercorn's: ``host:port``, or ``fd://N`` for a socket passed down
+    supervisor: int | None = None  # a pipe's read end whose write end the supervisor holds
+
+    @classmethod
+    def alone(cls, config: Config) -> Seat:
+        """``coordinator serve`` by itself: it binds its address."""
+        return cls(f"{socket.gethostname()}:{config.port}", (f"{config.host}:{config.port}",))
+
+    @classmethod
+    def child(cls, index: int, listen: int, supervisor: int, process: int | None) -> Seat:
+        """Process ``index`` of a supervisor, on the listening socket ``listen`` it passed
+        down (and ``process``, the socket of the port that reaches this process alone). The
+        holder is named by the port actually bound, which ``listen.port: 0`` leaves to the
+        kernel: every process of one supervisor names the same one."""
+        with socket.socket(fileno=os.dup(listen)) as shared:
+            port = shared.getsockname()[1]
+        extra = () if process is None else (f"fd://{process}",)
+        return cls(f"{socket.gethostname()}:{port}/{index}", (f"fd://{listen}", *extra), supervisor)
 
 
 @asynccontextmanager
 async def open_database_unchecked(
-    config: Config, application_name: str = "registry-coordinator"
+    config: Config, application_name: str = "registry-coordinator", size: int | None = None
 ) -> AsyncIterator[Database]:
-    """Connect to the configured database, starting the embedded one if asked."""
+    """Connect to the configured database, starting the embedded one if asked, with a
+    pool of ``size`` connections (the configured ``poolSize`` unless given)."""
     embedded = None
     dsn = config.database.dsn
     if config.database.embedded is not None:
@@ -92,7 +132,7 @@ async def open_database_unchecked(
         dsn = await trio.to_thread.run_sync(embedded.start)
     assert dsn is not None
     try:
-        db = await Database.open(dsn, config.database.pool_size, application_name)
+        db = await Database.open(dsn, size or config.database.pool_size, application_name)
         try:
             yield db
         finally:
@@ -103,10 +143,12 @@ async def open_database_unchecked(
 
 
 @asynccontextmanager
-async def open_database(config: Config, application_name: str) -> AsyncIterator[Database]:
+async def open_database(
+    config: Config, application_name: str, size: int | None = None
+) -> AsyncIterator[Database]:
     """The configured database, checked to be PostgreSQL 17+ with this build's schema
     (which the embedded database is migrated to by itself)."""
-    async with open_database_unchecked(config, application_name) as db:
+    async with open_database_unchecked(config, application_name, size) as db:
         version = await check_server(db)
         if config.database.embedded is not None:
             for migration in await migrate(db):
@@ -116,13 +158,20 @@ async def open_database(config: Config, application_name: str) -> AsyncIterator[
         yield db
 
 
-async def serve(config: Config, workflows: Workflows, *, spans: SpanExporter | None = None) -> None:
-    """The service, until SIGTERM or SIGINT; ``spans`` takes its spans instead of the
-    configured exporter (the tests' in-memory one), if tracing is on."""
-    holder = store.Holder(f"{socket.gethostname()}:{config.port}")
+async def serve(
+    config: Config,
+    workflows: Workflows,
+    seat: Seat | None = None,
+    *,
+    spans: SpanExporter | None = None,
+) -> None:
+    """The service in ``seat`` (alone unless given), until SIGTERM or SIGINT (or, as a
+    supervisor's process, until the supervisor is gone); ``spans`` takes its spans instead
+    of the configured exporter (the tests' in-memory one), if tracing is on."""
+    seat = seat or Seat.alone(config)
+    holder = store.Holder(seat.holder)
     async with (
         tracing.started(config.tracing, spans),
-        trio_asyncio.open_loop(),
         open_database(config, holder.session) as db,
     ):
         await workflows.store(db)
@@ -131,7 +180,7 @@ async def serve(config: Config, workflows: Workflows, *, spans: SpanExporter | N
             log.info("took over %d claims left by the previous process on %s", taken, holder.name)
         metrics = Metrics()
         async with open_products(config.connections, metrics) as (products, client):
-            await _supervise(config, workflows, db, holder.name, products, client, metrics)
+            await _supervise(config, workflows, db, seat, products, client, metrics)
     log.info("stopped")
 
 
@@ -139,13 +188,14 @@ async def _supervise(
     config: Config,
     workflows: Workflows,
     db: Database,
-    owner: str,
+    seat: Seat,
     products: dict[str, Product],
     client: httpx.AsyncClient,
     metrics: Metrics,
 ) -> None:
     """The nursery: timer, listener, call pools, engine workers, lease keeper,
     checkpointer, archiver, HTTP."""
+    owner = seat.holder
     audit = config.audit
     checkpointer = Checkpointer(db, audit.signing_key, audit.checkpoint_every, metrics)
     metrics.on_end = checkpointer.nudge
@@ -160,7 +210,7 @@ async def _supervise(
     systemd = Notifier()
     systemd.status("starting")
     http = HypercornConfig()
-    http.bind = [f"{config.host}:{config.port}"]
+    http.bind = list(seat.binds)
     http.accesslog = None
     http.errorlog = logging.getLogger("hypercorn.error")
     http.graceful_timeout = config.engine.shutdown_grace.total_seconds()
@@ -187,9 +237,11 @@ async def _supervise(
                 f"STATUS=ready: {' '.join(bound)}, "
                 f"{config.engine.workers} workers, {len(workflows.pinned)} workflows",
             )
-            async for received in signals:
-                log.info("received %s: shutting down", signal.Signals(received).name)
-                break
+            stop = trio.Event()
+            nursery.start_soon(_until_signalled, signals, stop)
+            if seat.supervisor is not None:
+                nursery.start_soon(_until_orphaned, seat.supervisor, stop)
+            await stop.wait()
             context.stopping.set()  # no new runs are admitted (503 service.stopping)
             systemd.send("STOPPING=1", "STATUS=stopping: finishing calls in flight")
             # Stop claiming; workers finish the step they are on. Calls in flight get
@@ -201,3 +253,21 @@ async def _supervise(
             await engine.calls.drain(grace)
             nursery.cancel_scope.cancel()
     systemd.close()
+
+
+async def _until_signalled(signals: AsyncIterator[int], stop: trio.Event) -> None:
+    async for received in signals:
+        log.info("received %s: shutting down", signal.Signals(received).name)
+        stop.set()
+        return
+
+
+async def _until_orphaned(pipe: int, stop: trio.Event) -> None:
+    """Until the supervisor is gone: it writes nothing to the pipe, and the end of the pipe
+    comes when the one write end, the supervisor's, is closed as it exits however it exits
+    (SIGKILL included). Its processes then shut down as on SIGTERM."""
+    async with trio.lowlevel.FdStream(pipe) as stream:
+        while await stream.receive_some():
+            pass
+    log.warning("the supervisor is gone: shutting down")
+    stop.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import socket
@@ -10,6 +11,7 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
+from registry_coordinator import cli
 from tests.harness import ROOT, Service, Services
 
 STALL = 3.0  # seconds the test has the service's event loop blocked
@@ -80,10 +82,20 @@ def test_a_test_acting_as_systemd_sees_ready_watchdog_and_stopping(
 
 
 def test_systemd_analyze_accepts_the_unit_file(tmp_path: Path) -> None:
+    """The unit as shipped is valid for systemd, and its command line for this build: with
+    the default of COORDINATOR_PROCESSES (which the environment file may override) it runs
+    one process; the supervisor of several is tested in tests/service/test_processes.py."""
     analyze = shutil.which("systemd-analyze")
     assert analyze, "systemd-analyze is not installed: install Debian's systemd package"
     unit = (ROOT / "config" / "systemd" / "registry-coordinator.service").read_text()
     assert "Type=notify" in unit and "WatchdogSec=" in unit and "Restart=on-failure" in unit
+    settings = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0] != "#"
+    )
+    assert settings["NotifyAccess"] == "main"  # the supervisor, or the one process, speaks
+    default = settings["Environment"].removeprefix("COORDINATOR_PROCESSES=")
+    command = shlex.split(settings["ExecStart"].replace("${COORDINATOR_PROCESSES}", default))
+    assert cli._parser().parse_args(command[1:]).processes == 1
     executable = shutil.which("coordinator") or str(ROOT / ".venv" / "bin" / "coordinator")
     # Verified as shipped, with ExecStart pointing at this installation's coordinator.
     local = tmp_path / "registry-coordinator.service"
