@@ -83,19 +83,22 @@ class Systemd:
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.socket.bind(str(address))
         self.lines: list[str] = []
+        self._said = threading.Condition()  # notified by the reader at every message
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         with contextlib.suppress(OSError):  # closed
             while message := self.socket.recv(4096):
-                self.lines += message.decode().splitlines()
+                with self._said:
+                    self.lines += message.decode().splitlines()
+                    self._said.notify_all()
 
     def until(self, line: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while line not in self.lines:
-            assert time.monotonic() < deadline, f"no {line} within {timeout}s: {self.lines}"
-            time.sleep(0.05)
+        """Until the supervisor has said ``line`` (``timeout``: a hang guard only)."""
+        with self._said:
+            said = self._said.wait_for(lambda: line in self.lines, timeout)
+        assert said, f"no {line} within {timeout}s: {self.lines}"
 
     def close(self) -> None:
         self.socket.shutdown(socket.SHUT_RDWR)
