@@ -50,6 +50,7 @@ from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.migrations import check_server, migrate, require_current
 from registry_coordinator.engine.retention import Archiver
+from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.systemd import Notifier
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.worker import Engine
@@ -199,7 +200,8 @@ async def _supervise(
     audit = config.audit
     checkpointer = Checkpointer(db, audit.signing_key, audit.checkpoint_every, metrics)
     metrics.on_end = checkpointer.nudge
-    timer = Timer(db, config.engine.sweep_interval, store.actor(owner), metrics)
+    sleepers = Sleepers(db, workflows, owner, config.engine.lease, metrics)
+    timer = Timer(db, config.engine.sweep_interval, sleepers)
     holdings = store.Holdings()
     engine = Engine(db, workflows, timer, products, config.engine, metrics, holdings, owner)
     listener = Listener(db, timer)

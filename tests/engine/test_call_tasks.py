@@ -24,6 +24,7 @@ from registry_coordinator.engine.calls import Calls, Proceed, Sending, open_prod
 from registry_coordinator.engine.config import Config, load_config
 from registry_coordinator.engine.database import Database, StatementFailed, sync_connection
 from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.statements import INTERRUPTED
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
@@ -75,7 +76,9 @@ async def call_pool(
     (the engine's step loop in the service). A test that waits in it for something that
     never comes fails as hung after :data:`HANG` seconds."""
     async with open_products(config.connections) as (products, _), trio.open_nursery() as pools:
-        timer = Timer(db, timedelta(seconds=60), "coordinator:holder:1", Metrics())
+        timer = Timer(
+            db, timedelta(seconds=60), Sleepers(db, Workflows([]), "holder:1", lease, Metrics())
+        )
         calls = Calls(db, products, timer, lease, Metrics(), store.Holdings(), proceed)
         await pools.start(calls.run)
         with fail_after(HANG):

@@ -21,7 +21,9 @@ from registry_coordinator.engine import store
 from registry_coordinator.engine.claims import Claimed
 from registry_coordinator.engine.database import Database, Unavailable, sync_connection
 from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
+from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.semantics.steps import Await, Send, on_due, result_arrived, settle
 from tests.harness import admit, database, events, reply
 from tests.interleave import Failing, Paused, rival_while_paused, rival_while_uncommitted
@@ -268,7 +270,9 @@ async def test_a_wake_up_scheduled_while_the_timer_reads_the_database_is_kept(
     looks again by then, not at its 60 s sweep."""
     async with database(dsn) as db:
         paused = Paused(db, after="next_due")
-        timer = Timer(paused, timedelta(seconds=60), "coordinator:test", Metrics())
+        timer = Timer(
+            paused, timedelta(seconds=60), Sleepers(paused, Workflows([]), "test", LEASE, Metrics())
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer.run)
             await paused.reached.wait()

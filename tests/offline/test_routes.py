@@ -23,6 +23,7 @@ from registry_coordinator.engine.config import AuthConfig, ConsoleConfig
 from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import api
@@ -42,7 +43,11 @@ async def client() -> AsyncIterator[Client]:
     """The app over a pool that is never opened: a request that ran a statement would fail."""
     db = Database("postgresql://unused.invalid/none", 1)
     metrics = Metrics()
-    timer = Timer(db, timedelta(seconds=60), "coordinator:test", metrics)
+    timer = Timer(
+        db,
+        timedelta(seconds=60),
+        Sleepers(db, Workflows([]), "test", timedelta(seconds=30), metrics),
+    )
     async with httpx.AsyncClient() as http:
         issuer = Issuer(NO_AUTH, NO_CONSOLE, http)
         auth = Authenticator(NO_AUTH, http)

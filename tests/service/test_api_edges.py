@@ -25,6 +25,7 @@ from registry_coordinator.engine.config import Policy
 from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.operator_actions import set_admission
+from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Pinned, Workflows
 from registry_coordinator.http import admission
@@ -254,7 +255,9 @@ async def pinned(db: Database) -> Workflows:
 
 async def started(db: Database, workflows: Workflows) -> str:
     """A start through admission: the run's id, or the code it was refused with."""
-    timer = Timer(db, timedelta(seconds=60), "coordinator:test", Metrics())
+    timer = Timer(
+        db, timedelta(seconds=60), Sleepers(db, workflows, "test", timedelta(seconds=30), Metrics())
+    )
     try:
         run = await admission.start(db, workflows, timer, OPERATOR, uuid.uuid4().hex, START)
         return run.run_id

@@ -289,7 +289,7 @@ def test_claiming_and_timing_stay_index_scans_with_many_runs(dsn: str, services:
         for query, params, indexes in (
             ("claim_run", {"owner": "x", "lease": timedelta(seconds=5)}, ["runs_due"]),
             ("next_due", {}, ["runs_due", "runs_sleeping"]),
-            ("wake_sleepers", {"actor": "x", "limit": 500}, ["runs_sleeping"]),
+            ("due_sleepers", {"owner": "x", "limit": 500}, ["runs_sleeping"]),
         ):
             plan = "\n".join(
                 row["QUERY PLAN"]

@@ -33,6 +33,7 @@ POINTS = (
     "before-commit",
     "mid-transition",
     "after-commit",
+    "mid-wake",
     "archive-written",
     "archive-recorded",
     "archive-committed",

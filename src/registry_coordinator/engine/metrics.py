@@ -153,8 +153,8 @@ class Metrics:
         self.receipt_lookups.labels(connection, operation, result).observe(seconds)
 
     def woke(self, lateness: list[float]) -> None:
-        """The timer took wait-untils on to their next step, each this many seconds late."""
-        self.transitions.labels("wait-until").inc(len(lateness))
+        """The timer took wait-untils on, each this many seconds late (their transitions
+        are counted as they commit, by :meth:`committed`)."""
         for seconds in lateness:
             self.timer_lateness.observe(seconds)
 

@@ -49,6 +49,7 @@ __all__ = [
     "DEFECTS_BEFORE_HOLD",
     "DEFECT_BACKOFF",
     "TAKEN_AT_ONCE",
+    "UNLEASED",
     "AdmissionHeld",
     "Admitted",
     "Ahead",
@@ -69,14 +70,17 @@ __all__ = [
     "actor",
     "admit",
     "admit_many",
+    "advance_sleepers",
     "claim",
     "commit",
     "dispatch",
+    "due_sleepers",
     "extend_leases",
     "held_longest",
     "history",
     "keep_late_answer",
     "late_answer",
+    "leave_to_workers",
     "next_due",
     "record_defect",
     "record_delivery",
@@ -89,7 +93,6 @@ __all__ = [
     "store_definition",
     "take_over",
     "wait_due",
-    "wake_sleepers",
 ]
 
 
@@ -284,11 +287,34 @@ async def next_due(db: Database) -> NextDue:
     return NextDue(row["seconds"], row["sleeper_seconds"])
 
 
-async def wake_sleepers(db: Database, actor: str, limit: int) -> list[float]:
-    """Take every due wait-until (up to ``limit``) on to its next step in one statement;
-    returns how late each was, in seconds."""
-    rows = await db.rows("wake_sleepers", {"actor": actor, "limit": limit})
-    return [row["lateness"] for row in rows]
+#: The lease token of a run the timer's transaction holds by its row lock, not a lease:
+#: never written (the timer keeps no lease), so no other claim can ever match it.
+UNLEASED = uuid.UUID(int=0)
+
+
+async def due_sleepers(conn: Connection, owner: str, limit: int) -> list[Claimed]:
+    """Lock due wait-untils (up to ``limit``, oldest first) for the transaction ``conn``
+    is in, as ``owner`` would claim them but leased to nobody: the lock holds them until
+    it ends, and a crash before then leaves them asleep and due."""
+    rows = await conn.rows("due_sleepers", {"owner": owner, "limit": limit})
+    return [replace(Claimed.from_row(row), token=UNLEASED) for row in rows]
+
+
+async def advance_sleepers(
+    conn: Connection, plans: list[statements.Plan], now: datetime, actor: str
+) -> set[uuid.UUID]:
+    """Commit many locked runs' plans (``statements.batch``) in one statement of the
+    transaction ``conn`` is in; returns the runs it moved."""
+    if not plans:
+        return set()
+    rows = await conn.rows("advance_sleepers", statements.batch(plans, now, actor))
+    return {row["run_id"] for row in rows}
+
+
+async def leave_to_workers(conn: Connection, runs: Sequence[uuid.UUID]) -> None:
+    """Locked wait-untils the timer could not take on: each is a worker's to wake."""
+    if runs:
+        await conn.execute("leave_to_workers", {"ids": list(runs)})
 
 
 async def release(db: Database, run: Claimed, due_at: datetime | None) -> None:

@@ -3,9 +3,10 @@ when other work falls due.
 
 It holds two numbers — when the next wait-until falls due, and when any run does —
 never the waiting runs themselves, which live only in PostgreSQL. Wait-untils it
-takes on to their next step itself, many in one statement (``store.wake_sleepers``),
-so a burst of them falling due in the same second is on time however busy the
-workers are; then it wakes the workers to go on with those runs. Other due work
+takes on itself, through every step after them that needs nothing from outside, many
+runs to a transaction (:mod:`sleepers`), so a burst of them falling due in the same
+second is on time however busy the workers are; then it wakes the workers to go on
+with the runs whose next step calls a product or waits for a result. Other due work
 (a wait-for's timeout, a call's retry, a deadline, a lapsed lease) is a worker's
 to take: the timer only wakes idle workers for it. It asks the database again when
 something earlier is scheduled, when a worker runs out of work, or after the sweep
@@ -23,23 +24,25 @@ import trio
 from registry_coordinator.engine import store
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.database import Database, Unavailable
-from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.sleepers import Sleepers
 
 log = logging.getLogger(__name__)
-#: Wait-untils woken per statement: large enough that a burst costs a few statements,
-#: small enough that one statement holds its row locks only briefly.
+#: Wait-untils woken per transaction: large enough that a burst costs a few statements,
+#: small enough that one transaction holds its row locks only briefly.
 BATCH = 500
+#: Batches at a time in a burst: while one transaction's statement runs in PostgreSQL,
+#: the next batch is decided here, so the two use a core each.
+LANES = 2
 #: How soon to look again at a wait-until that was due but not woken (a worker or an
 #: operator held it for that moment): soon, without spinning.
 RECHECK = 0.01
 
 
 class Timer:
-    def __init__(self, db: Database, sweep: timedelta, actor: str, metrics: Metrics) -> None:
+    def __init__(self, db: Database, sweep: timedelta, sleepers: Sleepers) -> None:
         self.db = db
         self.sweep = sweep.total_seconds()
-        self.actor = actor  # recorded on the history events of the wait-untils it wakes
-        self.metrics = metrics
+        self.sleepers = sleepers
         self._idle = trio.lowlevel.ParkingLot()
         self._changed = trio.Event()
         self._target = math.inf  # trio time the timer next looks at the database
@@ -97,26 +100,51 @@ class Timer:
                 failures += 1
                 log.warning("timer: database unavailable: %s", exc)
                 delay = DATABASE_OUTAGE.pause(failures)
+            except Exception:
+                # A defect of Coordinator's own: due wait-untils are claimed by the workers
+                # like any due run meanwhile, so none is lost; look again after a pause.
+                failures += 1
+                log.exception("timer: unexpected error")
+                delay = DATABASE_OUTAGE.pause(failures)
             finally:
                 self._ticking = False
             self._target = min(trio.current_time() + delay, self._scheduled_meanwhile)
             with trio.move_on_at(self._target):
                 await self._changed.wait()
 
+    async def _wake_sleepers(self) -> int:
+        """Wake every due wait-until, in :data:`LANES` batches at a time; how many were."""
+        woken = 0
+        failed: list[Exception] = []
+
+        async def lane() -> None:
+            nonlocal woken
+            try:
+                while not self._closed:
+                    batch = await self.sleepers.wake(BATCH)
+                    woken += batch.taken + batch.left
+                    if batch.due or batch.left:
+                        self._idle.unpark_all()  # runs whose next step is a worker's are due
+                    if batch.taken + batch.left < BATCH:
+                        return
+            except Exception as exc:  # the other lanes stop too; the first error is raised
+                failed.append(exc)
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(LANES):
+                nursery.start_soon(lane)
+        if failed:
+            raise failed[0]
+        if woken:
+            self._idle.unpark_all()  # and whatever the workers held back meanwhile
+        return woken
+
     async def _tick(self) -> float:
         """Wake what is due; return how long until the timer must look again."""
         due = await store.next_due(self.db)
-        if due.sleeper is not None and due.sleeper <= 0:
-            woken = 0
-            while not self._closed:
-                lateness = await store.wake_sleepers(self.db, self.actor, BATCH)
-                self.metrics.woke(lateness)
-                woken += len(lateness)
-                if len(lateness) < BATCH:
-                    break
-            if woken:
-                self._idle.unpark_all()  # the woken runs are due at once
-                due = await store.next_due(self.db)
+        if due.sleeper is not None and due.sleeper <= 0 and await self._wake_sleepers():
+            due = await store.next_due(self.db)
         delays = [self.sweep]
         if due.sleeper is not None:
             delays.append(max(due.sleeper, RECHECK))

@@ -204,7 +204,7 @@ RETURNING r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.atte
 -- How long until work falls due: for any worker, and for the timer.
 --
 -- Seconds until the earliest due run, and until the earliest wait-until the timer
--- wakes itself (wake_sleepers; negative when overdue, NULL when there is none).
+-- wakes itself (due_sleepers; negative when overdue, NULL when there is none).
 SELECT (SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8
         FROM runs WHERE due_at IS NOT NULL) AS seconds,
        (SELECT EXTRACT(EPOCH FROM (min(timer_at) - clock_timestamp()))::float8
@@ -213,40 +213,81 @@ SELECT (SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8
           AND NOT cancel_requested AND deadline_at > greatest(timer_at, clock_timestamp())
        ) AS sleeper_seconds;
 
--- name: wake_sleepers
--- Take due wait-untils on to their next step, many in one statement.
+-- name: due_sleepers
+-- Lock due wait-untils for the timer to take on, many at once.
 --
--- The timer service: wait-untils whose instant has come go on to their next step,
--- many in one statement. Each is exactly the transition a worker would commit for
--- it alone (steps.woke, store.commit): the step completed along `next`, the run due
--- at once for any worker. Runs a worker holds are skipped (it wakes them itself), as
--- are runs past their deadline (a worker expires them) and, oldest first, all but
--- %(limit)s runs.
+-- The timer service's batches: wait-untils whose instant has come, oldest first, at
+-- most %(limit)s, locked for the transaction that takes them on (advance_sleepers)
+-- rather than leased, so a crash before it commits leaves them asleep and due. Runs a
+-- worker holds are skipped (it wakes them itself), as are runs past their deadline (a
+-- worker expires them) and runs an operator asked to cancel. Each comes as claim_run
+-- returns a run, and `now` is one instant for all of them.
 WITH clock AS (
     SELECT clock_timestamp() AS now
-), due AS (
-    SELECT r.id, r.step, r.timer_at FROM runs r, clock
-    WHERE r.wakes_to IS NOT NULL AND r.timer_at <= clock.now AND r.state = 'waiting'
-      AND r.lease_token IS NULL AND NOT r.cancel_requested AND r.deadline_at > clock.now
-    ORDER BY r.timer_at
-    LIMIT %(limit)s
-    FOR UPDATE OF r SKIP LOCKED
+)
+SELECT r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
+       r.outputs, r.completed, r.admitted_at, r.deadline_at, %(owner)s::text AS lease_owner,
+       r.lease_token, r.dispatched_at, r.traceparent, clock.now
+FROM runs r, clock
+WHERE r.wakes_to IS NOT NULL AND r.timer_at <= clock.now AND r.state = 'waiting'
+  AND r.lease_token IS NULL AND NOT r.cancel_requested AND r.deadline_at > clock.now
+ORDER BY r.timer_at
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED;
+
+-- name: advance_sleepers
+-- Commit many woken runs' transitions and their history events in one statement.
+--
+-- The `transition` statement for many runs at once, each a record of `runs` and its
+-- events records of `events` (a finished run's output boxed: [output]), as the
+-- timer's batches write them (statements.batch): each run's step and the steps after
+-- it that need nothing from outside, one event each, the run left due at once for any
+-- worker (or ended, or asleep at its next wait-until) and leased to nobody. Fenced on
+-- what the runs were when due_sleepers locked them (at `seq`, at their step, held by
+-- nobody, no cancellation asked), which the lock keeps so: a run another statement
+-- moved would be written nothing. The events go in run and seq order (each is chained
+-- to the one before it, schema 9), all at the same instant.
+WITH planned AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(runs)s::jsonb)
+        AS p (id uuid, seq int, count int, event_step text, state text, step text,
+              attempt int, timer_at timestamptz, wakes_to text, due_at timestamptz,
+              outputs jsonb, completed jsonb, outcome text, output jsonb, failure_code text,
+              hold_code text, detail text, ends boolean)
 ), moved AS (
     UPDATE runs r
-    SET state = 'running', step = r.wakes_to, wakes_to = NULL, seq = r.seq + 1, attempt = 0,
-        timer_at = NULL, due_at = clock.now, updated_at = clock.now,
-        completed = r.completed || jsonb_build_object(due.step, rfc3339(clock.now))
-    FROM due, clock
-    WHERE r.id = due.id
-    RETURNING r.id, r.seq, due.step AS woke_from, r.step AS next_step, clock.now,
-              EXTRACT(EPOCH FROM (clock.now - due.timer_at))::float8 AS lateness
-), evented AS (
-    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-    SELECT id, seq, now, 'step-completed', woke_from, %(actor)s,
-           jsonb_build_object('via', 'next', 'next', next_step)
-    FROM moved
+    SET state = p.state, step = p.step, seq = r.seq + p.count, attempt = p.attempt,
+        timer_at = p.timer_at, wakes_to = p.wakes_to, due_at = p.due_at,
+        lease_owner = NULL, lease_token = NULL,
+        outputs = r.outputs || p.outputs, completed = r.completed || p.completed,
+        outcome = p.outcome, output = p.output -> 0, failure_code = p.failure_code,
+        hold_code = p.hold_code, detail = p.detail,
+        updated_at = greatest(%(now)s, r.updated_at),
+        ended_at = CASE WHEN p.ends THEN greatest(%(now)s, r.updated_at) END,
+        dispatched_at = NULL, cancel_requested = false, defects = 0
+    FROM planned p
+    WHERE r.id = p.id AND r.seq = p.seq AND r.step = p.event_step AND r.lease_token IS NULL
+      AND NOT r.cancel_requested
+    RETURNING r.id, p.seq AS before, r.updated_at AS at
+), unwaited AS (
+    DELETE FROM waits WHERE run_id IN (SELECT id FROM moved)
 )
-SELECT lateness FROM moved;
+INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+SELECT m.id, m.before + e.n, m.at, e.kind, e.step, %(actor)s, e.detail
+FROM jsonb_to_recordset(%(events)s::jsonb) AS e (run uuid, n int, kind text, step text,
+                                                 detail jsonb)
+JOIN moved m ON m.id = e.run
+ORDER BY m.id, e.n
+RETURNING run_id;
+
+-- name: leave_to_workers
+-- Wait-untils the timer could not take on: a worker wakes each of them itself.
+--
+-- Without `wakes_to` a due wait-until is not the timer's (due_sleepers) but the
+-- workers': claimed like any due run, its definition loaded and its step taken by
+-- store.commit, which records a defect and holds the run if need be.
+UPDATE runs SET wakes_to = NULL
+WHERE id = ANY (%(ids)s::uuid[]) AND state = 'waiting';
 
 -- name: transition
 -- Commit a run's transitions and their history events, fenced on its claim.
