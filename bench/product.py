@@ -4,8 +4,9 @@ The stand-ins of the tests (Quart on Trio) cost more CPU per request than either
 own work on a step would, so a throughput comparison through them would measure a Python
 web framework. This server is as little as answers the two BReg operations the benchmark
 workflow calls (`read-record`, `invoke-action` in
-src/registry_coordinator/authoring/products/breg.yaml) with bodies that satisfy their
-response schemas: the standard library's `ThreadingHTTPServer`, HTTP/1.1 keep-alive, a
+src/registry_coordinator/authoring/products/breg.yaml), and Casework's
+`read-review-result` for the wake benchmark (every review approved), with bodies that
+satisfy their response schemas: the standard library's `ThreadingHTTPServer`, HTTP/1.1 keep-alive, a
 thread per connection, Nagle off. It honours `Idempotency-Key` as a product must (a
 repeated key gets the original answer and changes nothing) and counts what it was asked,
 so the benchmark can check that both engines made exactly one read and one mutation per
@@ -39,6 +40,7 @@ import psutil
 AUTHORIZATION = "Bearer test-token-1"
 READ = re.compile(r"^/v1/records/(?P<collection>[a-z][a-z0-9-]{0,63})/(?P<record>[^/]+)$")
 MUTATE = re.compile(r"^/v1/actions/(?P<action>[a-z][a-z0-9-]{0,63})$")
+RESULT = re.compile(r"^/v1/review-requests/(?P<request>[^/]+)/result$")
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Counters:
     """What the server was asked, under one lock (the handlers run in many threads)."""
 
     reads: int = 0
+    results: int = 0  # Casework review results read (every review is approved)
     mutations: int = 0  # applied: the first request with its key
     repeated: int = 0  # a key seen before: answered from the receipt, nothing applied
     refused: int = 0  # anything else: no token, no key, an unknown path, a bad body
@@ -56,6 +59,7 @@ class Counters:
         with self.lock:
             return {
                 "reads": self.reads,
+                "results": self.results,
                 "mutations": self.mutations,
                 "repeated": self.repeated,
                 "refused": self.refused,
@@ -72,8 +76,15 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_counters":
             self._answer(200, json.dumps(self.counters.as_json()).encode())
             return
+        if self.headers.get("Authorization") != AUTHORIZATION:
+            self._refuse()
+            return
+        decided = RESULT.match(self.path)
+        if decided is not None:
+            self._decided(decided["request"])
+            return
         match = READ.match(self.path)
-        if match is None or self.headers.get("Authorization") != AUTHORIZATION:
+        if match is None:
             self._refuse()
             return
         record = match["record"]
@@ -116,6 +127,18 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 counters.repeated += 1
         self._answer(200, answer)
+
+    def _decided(self, request: str) -> None:
+        body = {
+            "requestId": request,
+            "decision": "approved",
+            "decidedAt": "2026-12-01T09:00:00Z",
+            "reviewer": "bench",
+            "comment": None,
+        }
+        with self.counters.lock:
+            self.counters.results += 1
+        self._answer(200, json.dumps(body).encode())
 
     def _refuse(self) -> None:
         with self.counters.lock:

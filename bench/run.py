@@ -22,6 +22,7 @@ not single absolute times). Everything runs for real: the embedded PostgreSQL 18
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +44,8 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 from bench.client import client  # noqa: E402
+from bench.product import Product  # noqa: E402
+from bench.profile import Profile, summary  # noqa: E402
 from tests.harness import (  # noqa: E402
     PG_BIN,
     Cluster,
@@ -366,66 +370,90 @@ def on_another_port(config: Path, name: str) -> Path:
 # --- wake latency -------------------------------------------------------------------------
 
 
-def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
-    casework = free_port()
+def wake(
+    cluster: Cluster, directory: Path, waiting: int, rate: float, profile: Path | None = None
+) -> None:
+    """Casework is bench/product.py (every review approved), not the tests' stand-in, so
+    that its cost is not the engine's; it is printed apart. With ``profile``, py-spy
+    samples serve while the webhooks are delivered."""
+    casework = Product(free_port(), directory / "product.log")
     reviews = connection(
-        "casework", casework, webhookSecret="env:STANDIN_WEBHOOK_SECRET", poolSize=16
+        "casework", casework.port, webhookSecret="env:STANDIN_WEBHOOK_SECRET", poolSize=16
     )
-    with (
-        stand_ins(directory / "standins.log", {"casework": casework}) as products,
-        service(
+    try:
+        with service(
             cluster, directory, ["await-review"], workers=4, connections={"reviews": reviews}
-        ) as (running, dsn),
-    ):
-        # Reviews exist and are decided at the stand-in; the runs wait for them.
-        keys = products.decided_reviews(waiting, "bench")
-        with sync_connection(dsn) as conn:
-            conn.execute("CREATE TEMP TABLE bench_keys (n int, key text)")
-            with conn.cursor().copy("COPY bench_keys FROM STDIN") as copy:
-                for n, key in enumerate(keys, 1):
-                    copy.write_row((n, key))
-            conn.execute(
-                """
-                WITH made AS (
-                    INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
-                                      input, state, step, seq, due_at, admitted_at,
-                                      deadline_at, updated_at)
-                    SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || b.n, 'x',
-                           jsonb_build_object('requestId', b.key), 'running', 'wait', 1, now(),
-                           now(), now() + interval '1 hour', now()
-                    FROM definitions d, bench_keys b WHERE d.workflow_id = 'await-review'
-                    RETURNING id, step, admitted_at
-                )
-                INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
-                SELECT id, 1, admitted_at, 'admitted', step, 'bench', '{}' FROM made
-                """
+        ) as (running, dsn):
+            _wake(running, dsn, casework, waiting, rate, profile)
+    finally:
+        casework.stop()
+
+
+def _wake(
+    running: Service, dsn: str, casework: Product, waiting: int, rate: float, profile: Path | None
+) -> None:
+    keys = [f"review-{n}" for n in range(waiting)]
+    with sync_connection(dsn) as conn:
+        conn.execute("CREATE TEMP TABLE bench_keys (n int, key text)")
+        with conn.cursor().copy("COPY bench_keys FROM STDIN") as copy:
+            for n, key in enumerate(keys, 1):
+                copy.write_row((n, key))
+        conn.execute(
+            """
+            WITH made AS (
+                INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest,
+                                  input, state, step, seq, due_at, admitted_at,
+                                  deadline_at, updated_at)
+                SELECT gen_random_uuid(), d.digest, d.workflow_id, 'bench', 'k' || b.n, 'x',
+                       jsonb_build_object('requestId', b.key), 'running', 'wait', 1, now(),
+                       now(), now() + interval '1 hour', now()
+                FROM definitions d, bench_keys b WHERE d.workflow_id = 'await-review'
+                RETURNING id, step, admitted_at
             )
-        wait_for(dsn, "SELECT count(*) FROM runs WHERE state = 'waiting'", waiting, 300)
-        # Deliver at a fixed rate; latency is read from the history afterwards.
-        interval = 1.0 / rate
-        started = time.monotonic()
-        with httpx.Client(base_url=running.url) as client:
-            for n, key in enumerate(keys):
-                target = started + n * interval
-                pause = target - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
-                body = {"result": "review-decision", "key": key, "eventId": f"bench-{n}"}
-                client.post(**delivery_request(body))
-        wait_ended(dsn, waiting, 300)
-        with sync_connection(dsn) as conn:
-            rows = conn.execute(
-                """
-                SELECT EXTRACT(EPOCH FROM c.at - d.at)::float8 AS resumed,
-                       EXTRACT(EPOCH FROM f.at - d.at)::float8 AS next
-                FROM run_events d
-                JOIN run_events c
-                  ON c.run_id = d.run_id AND c.kind = 'step-completed' AND c.step = 'wait'
-                JOIN run_events f ON f.run_id = d.run_id AND f.kind = 'finished'
-                WHERE d.kind = 'result-delivered'
-                """
-            ).fetchall()
-    print(f"wake: {waiting} runs waiting; webhooks at {rate:.0f}/s (n={len(rows)})")
+            INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+            SELECT id, 1, admitted_at, 'admitted', step, 'bench', '{}' FROM made
+            """
+        )
+    wait_for(dsn, "SELECT count(*) FROM runs WHERE state = 'waiting'", waiting, 300)
+    serve = psutil.Process(running.process.pid)
+    cpu = _cpu(serve), _cpu(casework.cpu)
+    started = time.monotonic()
+    with contextlib.ExitStack() as profiling:
+        if profile is not None:
+            profiling.enter_context(Profile(running.process.pid, profile))
+        answered, sending = deliver_at(running.url, keys, rate)
+    wait_ended(dsn, waiting, 300)
+    elapsed = time.monotonic() - started
+    serve_ms, casework_ms = (
+        (_cpu(p) - before) * 1000 / waiting
+        for p, before in zip((serve, casework.cpu), cpu, strict=True)
+    )
+    read = casework.counters()["results"]
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            """
+            SELECT EXTRACT(EPOCH FROM c.at - d.at)::float8 AS resumed,
+                   EXTRACT(EPOCH FROM f.at - d.at)::float8 AS next
+            FROM run_events d
+            JOIN run_events c
+              ON c.run_id = d.run_id AND c.kind = 'step-completed' AND c.step = 'wait'
+            JOIN run_events f ON f.run_id = d.run_id AND f.kind = 'finished'
+            WHERE d.kind = 'result-delivered'
+            """
+        ).fetchall()
+    print(
+        f"wake: {waiting} runs waiting; webhooks offered at {rate:.0f}/s, sent at "
+        f"{waiting / sending:.0f}/s (n={len(rows)})"
+    )
+    print(
+        f"  CPU per wake: serve {serve_ms:.2f} ms, Casework (bench/product.py) "
+        f"{casework_ms:.2f} ms; results read {read}; {elapsed:.1f} s from the first webhook "
+        "to the last run's end"
+    )
+    if profile is not None:
+        print(summary(profile))
+    figures = quantiles(answered)
+    print("  webhook answered\n    " + "  ".join(f"{k} {ms(v)}" for k, v in figures.items()))
     for label, column in (
         ("webhook accepted -> wait completed (after reading Casework)", "resumed"),
         ("webhook accepted -> next step committed", "next"),
@@ -434,6 +462,44 @@ def wake(cluster: Cluster, directory: Path, waiting: int, rate: float) -> None:
         print(
             f"  {label}\n    " + "  ".join(f"{k} {ms(v)}" for k, v in figures.items()), flush=True
         )
+
+
+#: Webhook senders at once: enough that the offered rate is kept while each waits for its
+#: answer (a sender that waited in turn set the rate by the service's answer time instead).
+SENDERS = 32
+
+
+def deliver_at(url: str, keys: list[str], rate: float) -> tuple[list[float], float]:
+    """Deliver a decided result for each key, the n-th at n / ``rate`` seconds, from
+    :data:`SENDERS` threads (one connection each); how long each took to be answered,
+    and how long the sending took."""
+    answered: list[float] = []
+    started = time.monotonic()
+
+    def sender(first: int) -> None:
+        with httpx.Client(base_url=url) as client:
+            for n in range(first, len(keys), SENDERS):
+                pause = started + n / rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                body = {"result": "review-decision", "key": keys[n], "eventId": f"bench-{n}"}
+                sent = time.monotonic()
+                client.post(**delivery_request(body)).raise_for_status()
+                answered.append(time.monotonic() - sent)
+
+    threads = [threading.Thread(target=sender, args=(n,)) for n in range(SENDERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(answered) != len(keys):
+        raise SystemExit(f"benchmark: {len(keys) - len(answered)} webhooks were not answered")
+    return answered, time.monotonic() - started
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 # --- timer lateness -----------------------------------------------------------------------
@@ -739,7 +805,9 @@ def peer(cluster: Cluster, directory: Path, args: argparse.Namespace) -> None:
 
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "throughput": lambda c, d, a: throughput(c, d, a.runs, a.workers, a.processes, a.rounds),
-    "wake": lambda c, d, a: wake(c, d, a.waiting, a.rate),
+    "wake": lambda c, d, a: wake(
+        c, d, a.waiting, a.rate, a.profile and a.profile.resolve() / "wake.txt"
+    ),
     "timers": lambda c, d, a: timers(c, d, a.timers),
     "idle": lambda c, d, a: idle(c, d, a.idle, a.idle_seconds),
     "recovery": lambda c, d, a: recovery(c, d, a.recovery),
@@ -789,7 +857,7 @@ def main() -> None:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="peer: write py-spy profiles of serve here (collapsed stacks) and sum them up",
+        help="peer, wake: write py-spy profiles of serve here (collapsed stacks), sum them up",
     )
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in BENCHMARKS]
