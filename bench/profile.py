@@ -87,7 +87,7 @@ def summary(path: Path, top: int = 15) -> str:
     stacks: list[tuple[list[str], int]] = []
     for line in path.read_text().splitlines():
         stack, _, samples = line.rpartition(" ")
-        if stack:
+        if stack and samples.isdigit():  # py-spy sometimes writes a stray line: skipped
             stacks.append((stack.split(";"), int(samples)))
     total = sum(count for _, count in stacks) or 1
     parts: collections.Counter[str] = collections.Counter()

@@ -420,6 +420,7 @@ def _wake(
     started = time.monotonic()
     with contextlib.ExitStack() as profiling:
         if profile is not None:
+            profile.parent.mkdir(parents=True, exist_ok=True)
             profiling.enter_context(Profile(running.process.pid, profile))
         answered, sending = deliver_at(running.url, keys, rate)
     wait_ended(dsn, waiting, 300)
