@@ -229,13 +229,14 @@ async def test_a_run_outside_any_trace_is_traced_by_its_run_id_across_a_restart(
         run = await running.start("overnight", {})
         await running.wait_state(run, RunState.WAITING)
     # The night passes while no service runs: the wait-until's instant is brought forward,
-    # for the next service's timer to wake it (a worker takes the run from the next step).
+    # for the next service's timer to take the run on, through the steps after it.
     with sync_connection(services.dsn) as conn:
         conn.execute("UPDATE runs SET timer_at = now() WHERE id = %s", (run,))
     async with serving(config, after) as running:
         await running.wait_state(run, RunState.FINISHED)
     assert names(steps(before, run)) == [("step night", "waiting")]
     assert names(steps(after, run)) == [
+        ("step night", "step-completed"),
         ("step morning", "step-completed"),
         ("step done", "finished"),
     ]
