@@ -408,7 +408,7 @@ class Calls:
                     reply = authorization
                 else:
                     with trio.CancelScope(shield=True):  # know whether it was sealed
-                        run = await store.dispatch(self.db, run, request, url)
+                        run = await self._dispatch_persistently(run, request, url)
                     dispatched = True
                     await trio.lowlevel.checkpoint_if_cancelled()
                     step = definition.step(run.step)
@@ -501,6 +501,32 @@ class Calls:
         if committed is None or not committed.held:
             return
         await self.proceed(definition, committed.run, committed.ahead)
+
+    async def _dispatch_persistently(
+        self, run: store.Claimed, request: Request, url: str
+    ) -> store.Claimed:
+        """Seal the request, waiting out a database outage (the lease is kept meanwhile).
+        A sealing whose reply the outage hid is looked up before it is sent again: if it
+        committed, the request is sealed and certainly not sent — this task is its one
+        sender — so it is sent now, where leaving the run to its lease would have made
+        the next holder hold it as interrupted. At shutdown the wait ends, and the run is
+        left to its lease as before."""
+        outages = 0
+        while True:
+            try:
+                if outages:
+                    sealed = await store.sealed_meanwhile(self.db, run)
+                    if sealed is not None:
+                        return sealed
+                return await store.dispatch(self.db, run, request, url)
+            except Unavailable as exc:
+                if self._stopping:
+                    raise
+                log.warning(
+                    "could not seal a call's request (%s); retrying", exc, extra={"run": run.id}
+                )
+            outages += 1
+            await trio.sleep(ANSWER_RECORDING.pause(outages))
 
     async def _settle_persistently(
         self, definition: Definition, run: store.Claimed, reply: Reply

@@ -87,6 +87,7 @@ __all__ = [
     "release",
     "release_wait",
     "runs_page",
+    "sealed_meanwhile",
     "sealed_request",
     "start_digest",
     "status",
@@ -336,6 +337,7 @@ async def dispatch(db: Database, run: Claimed, request: Request, url: str) -> Cl
     params = {
         "id": run.id,
         "token": run.token,
+        "attempt": run.attempt,
         "now": run.now(),
         "step": run.step,
         "method": request.method,
@@ -346,7 +348,23 @@ async def dispatch(db: Database, run: Claimed, request: Request, url: str) -> Cl
     }
     if not await db.row("dispatch_call", params):
         raise LeaseLost(str(run.id))
+    return _dispatched(run)
+
+
+def _dispatched(run: Claimed) -> Claimed:
     return replace(run, seq=run.seq + 1, attempt=run.attempt + 1, dispatched=True)
+
+
+async def sealed_meanwhile(db: Database, run: Claimed) -> Claimed | None:
+    """After an outage hid whether ``dispatch`` committed: the run as dispatched if it
+    did, None if it did not (``dispatch`` may be sent again: it cannot seal twice).
+    Raises LeaseLost if the claim is gone, or was cancelled before the sealing."""
+    row = await db.row("sealing", {"id": run.id, "token": run.token})
+    if row is None or not row["holding"]:
+        raise LeaseLost(str(run.id))
+    if row["dispatched"] and row["attempt"] == run.attempt + 1:
+        return _dispatched(run)
+    return None
 
 
 async def commit(

@@ -426,10 +426,15 @@ ORDER BY attempt LIMIT 1;
 
 -- name: dispatch_call
 -- Seal the request and mark it dispatched, before a byte is sent.
+--
+-- Fenced on the claim and on the sending it seals (the attempt before it, not yet
+-- dispatched): the same statement sent again after an outage hid whether it committed
+-- writes nothing the second time, even if the first commits late.
 WITH moved AS (
     UPDATE runs
     SET seq = seq + 1, attempt = attempt + 1, dispatched_at = %(now)s, updated_at = %(now)s
-    WHERE id = %(id)s AND lease_token = %(token)s AND NOT cancel_requested
+    WHERE id = %(id)s AND lease_token = %(token)s AND attempt = %(attempt)s
+      AND dispatched_at IS NULL AND NOT cancel_requested
     RETURNING id, seq, attempt
 ), sealed AS (
     INSERT INTO executions (run_id, step, attempt, method, url, body, idempotency_key,
@@ -442,6 +447,12 @@ SELECT id, seq, %(now)s, 'call-dispatched', %(step)s, %(actor)s,
        jsonb_build_object('attempt', attempt, 'method', %(method)s::text, 'url', %(url)s::text)
 FROM moved
 RETURNING seq;
+
+-- name: sealing
+-- Where a holder's sealing stands, when an outage hid whether it committed.
+SELECT lease_token IS NOT DISTINCT FROM %(token)s AS holding, attempt,
+       dispatched_at IS NOT NULL AS dispatched
+FROM runs WHERE id = %(id)s;
 
 -- name: set_admission
 -- Hold or release admission, and record the change in admission's history.
