@@ -304,10 +304,17 @@ def bound_to_one(
     return Services(directory, dsn).configure([workflow], connections=bound, **options), port
 
 
+def python_env() -> dict[str, str]:
+    """This environment, for the Python processes a test starts, except that they may write
+    bytecode where it says not to (PYTHONDONTWRITEBYTECODE): the suite starts hundreds of
+    them, and each would compile the package anew (0.1-0.2 s of CPU)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def process_env(**extra: str) -> dict[str, str]:
     """The environment service and stand-in processes run with: the tests' secrets."""
     settings = {"STANDIN_TOKEN": STANDIN_TOKEN, "STANDIN_WEBHOOK_SECRET": WEBHOOK_SECRET}
-    return {**os.environ, **settings, **extra}
+    return {**python_env(), **settings, **extra}
 
 
 def coordinator_process(

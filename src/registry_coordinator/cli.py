@@ -5,7 +5,9 @@ Exit codes everywhere (``errors.ExitCode``): 0 ok, 1 refused or invalid, 2 usage
 of the product's own (``errors.CoordinatorError``) that reaches :func:`main` is printed
 as its one line (a refusal as its diagnostics) and ends the command with its exit code.
 The service's modules (Trio, psycopg, Quart) are imported only by the commands that run
-it, so the offline authoring commands start quickly.
+it, so the offline authoring commands start quickly; the authoring modules (the checker,
+artifacts, scenarios) only by the commands that read workflows, so the remote, token and
+audit commands start quickly too.
 """
 
 from __future__ import annotations
@@ -18,24 +20,16 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry_coordinator import __version__
-from registry_coordinator.authoring.artifact import (
-    Checked,
-    check_source,
-    load_file,
-    workflow_file,
-    write,
-)
 from registry_coordinator.authoring.diagnostics import Diagnostic, Refused, Severity, sort_key
-from registry_coordinator.authoring.drawing import dot, mermaid
 from registry_coordinator.authoring.durations import format_duration
-from registry_coordinator.authoring.graph import Facts, facts
-from registry_coordinator.authoring.source import load_yaml, read_source
 from registry_coordinator.errors import CoordinatorError, ExitCode
-from registry_coordinator.http import remote
-from registry_coordinator.semantics.scenarios import read_scenarios, run_all
+
+if TYPE_CHECKING:
+    from registry_coordinator.authoring.artifact import Checked
+    from registry_coordinator.authoring.graph import Facts
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,6 +39,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    # httpx imports its own command line (click, rich and pygments: a tenth of a second of
+    # every start) whenever they are installed, as the test tools install them; nothing
+    # here uses it, so it is kept out before the remote commands bring httpx in.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    from registry_coordinator.http import remote
+
     parser = _Parser(prog="coordinator", description="Registry Coordinator: durable workflows")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -289,6 +289,8 @@ def _tutorial_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from registry_coordinator.http import remote  # after _parser(), which keeps httpx's CLI out
+
     handler = {
         "check": _check,
         "test": _test,
@@ -332,6 +334,8 @@ def _print_diagnostics(diagnostics: Sequence[Diagnostic]) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from registry_coordinator.authoring.artifact import check_source
+
     reports = [check_source(path) for path in args.paths]
     if args.format == "json":
         print(
@@ -355,6 +359,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _facts(report: Checked) -> Facts:
+    from registry_coordinator.authoring.graph import facts
+
     assert report.definition is not None
     definition = report.definition
     return facts(definition.workflow, lambda step: definition.operations[step.id].is_mutation)
@@ -410,6 +416,8 @@ def _check_json(report: Checked, explain: bool) -> dict[str, Any]:
 
 
 def _checked(path: Path) -> Checked:
+    from registry_coordinator.authoring.artifact import check_source
+
     report = check_source(path)
     if report.definition is None:
         raise Refused(report.diagnostics)
@@ -418,6 +426,10 @@ def _checked(path: Path) -> Checked:
 
 
 def _test(args: argparse.Namespace) -> int:
+    from registry_coordinator.authoring.artifact import workflow_file
+    from registry_coordinator.authoring.source import load_yaml, read_source
+    from registry_coordinator.semantics.scenarios import read_scenarios, run_all
+
     report = _checked(args.path)
     assert report.definition is not None
     scenarios_file = args.scenarios or workflow_file(args.path).parent / "scenarios.yaml"
@@ -464,6 +476,8 @@ def _test(args: argparse.Namespace) -> int:
 
 
 def _package(args: argparse.Namespace) -> int:
+    from registry_coordinator.authoring.artifact import write
+
     report = _checked(args.path)
     assert report.definition is not None and report.artifact is not None
     target = write(report.artifact, report.definition, args.output)
@@ -473,12 +487,17 @@ def _package(args: argparse.Namespace) -> int:
 
 
 def _digest(args: argparse.Namespace) -> int:
+    from registry_coordinator.authoring.artifact import load_file
+
     _, digest = load_file(args.artifact)
     print(digest)
     return ExitCode.OK
 
 
 def _graph(args: argparse.Namespace) -> int:
+    from registry_coordinator.authoring.artifact import load_file
+    from registry_coordinator.authoring.drawing import dot, mermaid
+
     if args.path.suffix == ".json":
         definition, _ = load_file(args.path)
     else:
@@ -510,8 +529,9 @@ def _positive(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from registry_coordinator.addresses import require_free
     from registry_coordinator.engine.workflows import load_service
-    from registry_coordinator.service import Seat, require_free, serve
+    from registry_coordinator.service import Seat, serve
 
     _logging()
     config, workflows = load_service(args.config)  # every problem of every stage at once
@@ -929,7 +949,7 @@ def _stand_ins(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.USAGE
-    from registry_coordinator.service import require_free
+    from registry_coordinator.addresses import require_free
 
     for name, port in ports.items():
         require_free("127.0.0.1", port, f"--product {name}={port}", "give another port")

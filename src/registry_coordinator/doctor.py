@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from registry_coordinator.addresses import PortInUse, require_free
 from registry_coordinator.engine.calls import open_products
 from registry_coordinator.engine.config import Config
 from registry_coordinator.engine.database import Database
@@ -31,7 +32,7 @@ from registry_coordinator.engine.tracing import OTLP_EXPORTER
 from registry_coordinator.engine.workflows import read_service
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import KeySet
-from registry_coordinator.service import PortInUse, open_database_unchecked, require_free
+from registry_coordinator.service import open_database_unchecked
 
 
 @dataclass

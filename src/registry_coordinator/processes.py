@@ -63,11 +63,12 @@ from pathlib import Path
 
 import trio
 
+from registry_coordinator.addresses import bind
 from registry_coordinator.engine.backoff import Backoff
 from registry_coordinator.engine.config import Config
 from registry_coordinator.engine.systemd import Notifier
 from registry_coordinator.errors import CoordinatorError, ExitCode
-from registry_coordinator.service import bind, open_database
+from registry_coordinator.service import open_database
 
 log = logging.getLogger(__name__)
 

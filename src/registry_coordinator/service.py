@@ -25,7 +25,6 @@ ended: the spans of the steps and calls that finished during the shutdown are se
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
@@ -55,44 +54,11 @@ from registry_coordinator.engine.systemd import Notifier
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.worker import Engine
 from registry_coordinator.engine.workflows import Workflows
-from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.api import Context, create_app
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.console.issuer import Issuer
 
 log = logging.getLogger(__name__)
-
-
-class PortInUse(CoordinatorError):
-    """An address to listen on is taken by another process."""
-
-    exit_code = ExitCode.UNAVAILABLE
-
-
-def bind(host: str, port: int, given: str, repair: str) -> socket.socket:
-    """A socket bound to the address, or the one-line refusal of an address another process
-    listens on. Like hypercorn's, it reuses an address left in TIME_WAIT."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        raise PortInUse(
-            f"{host}:{port} is in use by another process ({given}): stop it, or {repair}"
-        ) from None
-    return sock
-
-
-def require_free(host: str, port: int, given: str, repair: str) -> None:
-    """Refuse, in one line, an address another process listens on, before anything is
-    started: a bind from the nursery would fail only after PostgreSQL started, and in an
-    exception group. (Taken between this check and that bind, it still fails there.)"""
-    if port != 0:
-        bind(host, port, given, repair).close()
 
 
 @dataclass(frozen=True)

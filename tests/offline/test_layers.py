@@ -4,10 +4,10 @@ The layers, bottom up: the package root and ``errors``; ``authoring`` (offline: 
 the checker, artifacts); ``semantics`` (pure step transitions); ``engine`` (runs in
 PostgreSQL and the services that move them); ``http`` (the API and its client);
 ``devtools`` (stand-ins, the demo); and the composition roots ``cli``, ``service``,
-``processes``, ``doctor`` and ``__main__``. Below the engine nothing imports an event loop,
-a database driver or an HTTP library, so checking and testing a workflow offline needs none
-of them. Every import is read from the source, function-local ones included, so a lazy
-import cannot hide an edge.
+``processes``, ``doctor``, ``addresses`` and ``__main__``. Below the engine nothing imports
+an event loop, a database driver or an HTTP library, so checking and testing a workflow
+offline needs none of them. Every import is read from the source, function-local ones
+included, so a lazy import cannot hide an edge.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.harness import ROOT
 
 PACKAGE = ROOT / "src" / "registry_coordinator"
 LAYERS = ["", "errors", "authoring", "semantics", "engine", "http", "devtools", "roots"]
-ROOTS = {"cli", "service", "processes", "doctor", "__main__"}
+ROOTS = {"cli", "service", "processes", "doctor", "addresses", "__main__"}
 #: Libraries that need an event loop, a database or the network: the engine's and above.
 RUNTIME_LIBRARIES = {"trio", "psycopg", "httpx", "quart", "quart_trio", "hypercorn"}
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-from tests.harness import ROOT, free_port
+from tests.harness import ROOT, free_port, python_env
 
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 WORK = ROOT / "var" / "tutorial"
@@ -34,7 +33,7 @@ def test_every_tutorial_command_runs_in_order() -> None:
             text=True,
             timeout=300,
             check=False,
-            env={**os.environ, **{name: str(free_port()) for name in ports}},
+            env={**python_env(), **{name: str(free_port()) for name in ports}},
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         output = result.stdout
