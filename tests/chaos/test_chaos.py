@@ -338,7 +338,9 @@ def test_database_restart_under_load(cluster: Cluster, dsn: str, services: Servi
     assert len(at_stop["awaiting a result"]) == len(reviews)
     assert len(at_stop["asleep"]) == 20
     assert len(at_stop["due"]) >= 200
-    assert in_flight == {f"coordinator:{run}:ask" for run in at_stop["mid-call"]}
+    # Every request in flight at the stop is a mid-call run's; one may have been answered
+    # (its 3 s delay over) between the count and the stop, on a loaded machine.
+    assert in_flight and in_flight <= {f"coordinator:{run}:ask" for run in at_stop["mid-call"]}
     ended = final_states(dsn)
     for run in at_stop["mid-call"]:  # answered during the outage: recorded, and went on
         assert ended[run][:2] == ("finished", "done"), ended[run]
