@@ -648,6 +648,9 @@ def put_to_sleep(
                 "prefix": prefix,
             },
         )
+        # As an admission does: a service running looks at what is due now, rather than at
+        # its next sweep (so its timer knows when these fall due).
+        conn.execute("SELECT pg_notify('coordinator_wake', 'put_to_sleep')")
 
 
 def wait_state(dsn: str, run: str, state: RunState | str, timeout: float = 30) -> None:
