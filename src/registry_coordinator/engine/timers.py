@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 #: Wait-untils woken per transaction: large enough that a burst costs a few statements,
 #: small enough that one transaction holds its row locks only briefly.
 BATCH = 500
-#: Batches at a time in a burst: while one transaction's statement runs in PostgreSQL,
-#: the next batch is decided here, so the two use a core each.
-LANES = 2
 #: How soon to look again at a wait-until that was due but not woken (a worker or an
 #: operator held it for that moment): soon, without spinning.
 RECHECK = 0.01
@@ -113,29 +110,15 @@ class Timer:
                 await self._changed.wait()
 
     async def _wake_sleepers(self) -> int:
-        """Wake every due wait-until, in :data:`LANES` batches at a time; how many were."""
+        """Wake every due wait-until, a batch at a time; how many there were."""
         woken = 0
-        failed: list[Exception] = []
-
-        async def lane() -> None:
-            nonlocal woken
-            try:
-                while not self._closed:
-                    batch = await self.sleepers.wake(BATCH)
-                    woken += batch.taken + batch.left
-                    if batch.due or batch.left:
-                        self._idle.unpark_all()  # runs whose next step is a worker's are due
-                    if batch.taken + batch.left < BATCH:
-                        return
-            except Exception as exc:  # the other lanes stop too; the first error is raised
-                failed.append(exc)
-                nursery.cancel_scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(LANES):
-                nursery.start_soon(lane)
-        if failed:
-            raise failed[0]
+        while not self._closed:
+            batch = await self.sleepers.wake(BATCH)
+            woken += batch.taken + batch.left
+            if batch.due or batch.left:
+                self._idle.unpark_all()  # runs whose next step is a worker's are due
+            if batch.taken + batch.left < BATCH:
+                break
         if woken:
             self._idle.unpark_all()  # and whatever the workers held back meanwhile
         return woken
