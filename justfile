@@ -6,7 +6,7 @@ bin := ".venv/bin"
 
 # List the recipes
 default:
-    @just --list
+    @{{just_executable()}} --list
 
 # The tutorial end to end: a real run, reviewed, approved and notified
 demo *args:
