@@ -533,7 +533,7 @@ def _serve(args: argparse.Namespace) -> int:
     from registry_coordinator.engine.workflows import load_service
     from registry_coordinator.service import Seat, serve
 
-    _logging()
+    _logging(args.child)
     config, workflows = load_service(args.config)  # every problem of every stage at once
     if args.child is not None:  # a supervisor's process: the supervisor checked the rest
         seat = Seat.child(args.child, args.listen_fd, args.supervisor_fd, args.process_fd)
@@ -1021,10 +1021,10 @@ def _run_service(main: Callable[[], Awaitable[None]]) -> int:
     return ExitCode.OK
 
 
-def _logging() -> None:
+def _logging(process: int | None = None) -> None:
     from registry_coordinator.engine.logs import configure
 
-    configure()
+    configure(process)
 
 
 def _demo(args: argparse.Namespace) -> int:

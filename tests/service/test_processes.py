@@ -118,9 +118,13 @@ class Supervised:
         self.process = coordinator_process(args, log, env)
         self.url = f"http://127.0.0.1:{json.loads(config.read_text())['listen']['port']}"
 
-    def messages(self) -> list[str]:
+    def lines(self) -> list[dict[str, Any]]:
+        """The JSON lines the supervisor and its children wrote to their shared stderr."""
         lines = self.log.read_text(errors="replace").splitlines()
-        return [json.loads(line)["message"] for line in lines if line.startswith("{")]
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def messages(self) -> list[str]:
+        return [line["message"] for line in self.lines()]
 
     def pids(self) -> dict[int, list[int]]:
         """Every process each child seat had, in order, from the supervisor's log."""
@@ -171,6 +175,12 @@ def test_two_processes_share_one_port_and_the_work_and_lose_nothing_to_kills(
                 probe = f"http://127.0.0.1:{supervised.process_ports + k}/ready"
                 assert httpx.get(probe, timeout=10).status_code == 200
             first = {k: pids[0] for k, pids in supervised.pids().items()}
+            # On the stderr they share, each child's lines name it and the supervisor's none.
+            lines = supervised.lines()
+            ready = [line for line in lines if "database ready" in line["message"]]
+            assert sorted(line.get("process", -1) for line in ready) == [-1, 0, 1], ready
+            started = [line for line in lines if " started: pid " in line["message"]]
+            assert len(started) == 2 and not any("process" in line for line in started)
             assert sorted(first.values()) == sorted(
                 c.pid for c in psutil.Process(supervised.process.pid).children()
             )

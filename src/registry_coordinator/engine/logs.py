@@ -3,7 +3,10 @@
 A log call about a run passes ``extra={"run": run_id}``; the JSON line then carries
 a ``run`` field, so an operator can find everything that happened to one run. A line
 logged inside a span (a run's step, a product call: ``engine.tracing``) carries its
-``trace_id`` and ``span_id``, so the operator can go from the line to the trace.
+``trace_id`` and ``span_id``, so the operator can go from the line to the trace. A
+process of ``coordinator serve --processes N`` shares its supervisor's stderr, so each of
+its lines names it: ``process`` is its index (the ``k`` of its lease holder
+``host:port/k``), and a line without one is the supervisor's, or a process alone.
 """
 
 from __future__ import annotations
@@ -27,13 +30,19 @@ runs = logging.getLogger("registry_coordinator.runs")
 
 
 class JsonLines(logging.Formatter):
+    def __init__(self, process: int | None = None) -> None:
+        super().__init__()
+        self.process = process
+
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, object] = {
             "at": format_instant(datetime.fromtimestamp(record.created, UTC)),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.process is not None:
+            entry["process"] = self.process
         run = getattr(record, "run", None)
         if run is not None:
             entry["run"] = str(run)
@@ -47,8 +56,9 @@ class JsonLines(logging.Formatter):
 
 
 class Text(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    def __init__(self, process: int | None = None) -> None:
+        where = "" if process is None else f" [process {process}]"
+        super().__init__(f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -73,10 +83,11 @@ def transitions(committed: Committed, run_id: object) -> None:
             runs.warning("run expired at %s", step, extra={"run": run_id})
 
 
-def configure() -> None:
-    """Log to stderr: text on a terminal, JSON lines otherwise."""
+def configure(process: int | None = None) -> None:
+    """Log to stderr: text on a terminal, JSON lines otherwise; as ``process`` of a
+    supervisor's, if it is one."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(Text() if sys.stderr.isatty() else JsonLines())
+    handler.setFormatter(Text(process) if sys.stderr.isatty() else JsonLines(process))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
