@@ -82,12 +82,15 @@ def ms(value: float) -> str:
 
 @contextmanager
 def service(
-    cluster: Cluster, directory: Path, workflows: list[str], **options: Any
+    cluster: Cluster, directory: Path, workflows: list[str], processes: int = 1, **options: Any
 ) -> Iterator[tuple[Service, str]]:
+    """``coordinator serve`` on a new database; with ``processes`` above one, as
+    ``serve --processes N`` does it: children of one supervisor sharing one port."""
     dsn = cluster.create_database()
     config = write_config(directory, dsn, workflows, **options)
     migrate(config)
-    running = Service(config, directory / "service.log").wait_listening(60)
+    args = ("--processes", str(processes)) if processes > 1 else ()
+    running = Service(config, directory / "service.log", args=args).wait_listening(60)
     try:
         yield running, dsn
     finally:
@@ -262,9 +265,10 @@ def _throughput_once(
     extra: dict[str, Any] | None = None,
     ended: int = 0,
 ) -> tuple[float, int]:
-    """Seconds from the runs falling due to the last one ending, and step transitions
-    (``extra``: more sections of the service's configuration; ``ended``: runs ended a day
-    ago beside them, for retention to archive meanwhile)."""
+    """Seconds from the runs falling due to the last one ending, and step transitions, with
+    ``processes`` processes of ``serve --processes`` (``extra``: more sections of the
+    service's configuration; ``ended``: runs ended a day ago beside them, for retention to
+    archive meanwhile)."""
     breg = free_port()
     connections = {"registry": connection("breg", breg, poolSize=max(4, workers * 2))}
     with (
@@ -273,27 +277,18 @@ def _throughput_once(
             cluster,
             directory,
             ["bench-four"],
+            processes,
             workers=workers,
             connections=connections,
             extra=extra,
-        ) as (first, dsn),
+        ) as (_, dsn),
     ):
-        others = [
-            Service(on_another_port(first.config, f"process-{n}"), directory / f"process-{n}.log")
-            for n in range(2, processes + 1)
-        ]
-        try:
-            for other in others:
-                other.wait_listening(60)
-            if ended:
-                bulk_ended(dsn, "bench-four", ended)
-            bulk_admit(
-                dsn, "bench-four", runs, "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read"
-            )
-            wait_ended(dsn, runs, 600)
-        finally:
-            for other in others:
-                other.stop()
+        if ended:
+            bulk_ended(dsn, "bench-four", ended)
+        bulk_admit(
+            dsn, "bench-four", runs, "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read"
+        )
+        wait_ended(dsn, runs, 600)
         with sync_connection(dsn) as conn:
             row = conn.execute(
                 "SELECT EXTRACT(EPOCH FROM max(ended_at) - min(admitted_at))::float8 - 2.0 "
@@ -371,20 +366,31 @@ def on_another_port(config: Path, name: str) -> Path:
 
 
 def wake(
-    cluster: Cluster, directory: Path, waiting: int, rate: float, profile: Path | None = None
+    cluster: Cluster,
+    directory: Path,
+    waiting: int,
+    rates: list[float],
+    profile: Path | None = None,
 ) -> None:
-    """Casework is bench/product.py (every review approved), not the tests' stand-in, so
-    that its cost is not the engine's; it is printed apart. With ``profile``, py-spy
-    samples serve while the webhooks are delivered."""
+    """At each of ``rates``, a new service with ``waiting`` runs waiting. Casework is
+    bench/product.py (every review approved), not the tests' stand-in, so that its cost is
+    not the engine's; it is printed apart. With ``profile``, py-spy samples serve while the
+    webhooks are delivered."""
     casework = Product(free_port(), directory / "product.log")
     reviews = connection(
         "casework", casework.port, webhookSecret="env:STANDIN_WEBHOOK_SECRET", poolSize=16
     )
     try:
-        with service(
-            cluster, directory, ["await-review"], workers=4, connections={"reviews": reviews}
-        ) as (running, dsn):
-            _wake(running, dsn, casework, waiting, rate, profile)
+        for rate in rates:
+            with service(
+                cluster,
+                directory / f"at-{rate:.0f}",
+                ["await-review"],
+                workers=4,
+                connections={"reviews": reviews},
+            ) as (running, dsn):
+                at = profile and profile.with_name(f"{profile.stem}-{rate:.0f}{profile.suffix}")
+                _wake(running, dsn, casework, waiting, rate, at)
     finally:
         casework.stop()
 
@@ -417,6 +423,7 @@ def _wake(
     wait_for(dsn, "SELECT count(*) FROM runs WHERE state = 'waiting'", waiting, 300)
     serve = psutil.Process(running.process.pid)
     cpu = _cpu(serve), _cpu(casework.cpu)
+    read_before = casework.counters()["results"]  # one Casework serves every rate's round
     started = time.monotonic()
     with contextlib.ExitStack() as profiling:
         if profile is not None:
@@ -429,7 +436,7 @@ def _wake(
         (_cpu(p) - before) * 1000 / waiting
         for p, before in zip((serve, casework.cpu), cpu, strict=True)
     )
-    read = casework.counters()["results"]
+    read = casework.counters()["results"] - read_before
     with sync_connection(dsn) as conn:
         rows = conn.execute(
             """
@@ -836,7 +843,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--waiting", type=int, default=2000)
-    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--rate", type=float, nargs="+", default=[100.0, 500.0, 1000.0])
     parser.add_argument("--timers", type=int, default=10_000)
     parser.add_argument("--idle", type=int, nargs="+", default=[100, 100_000])
     parser.add_argument("--idle-seconds", type=float, default=60.0)

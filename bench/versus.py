@@ -24,7 +24,10 @@ Why it is fair:
   connections) and, for DBOS, a library inside the application, by `DBOS.start_workflow`
   with a workflow id given by the caller — so admission is inside each engine's figure;
 - Coordinator runs with its default 4 workers (8 connections to the product, as the
-  throughput benchmark); DBOS with its defaults but for its executor, bounded to 16
+  throughput benchmark) in one process, which is the ratio's figure; beside it, the same
+  with the runs started 100 to a `POST /v1/runs:batch`, and with `serve --processes 2`
+  (two such processes sharing the port: the engine's CPU is the supervisor's and its
+  children's); DBOS with its defaults but for its executor, bounded to 16
   workflow threads, fewer than its 20 database connections (`--dbos-threads 0` gives its
   default, a thread per workflow in flight, which was slower here: the peer is measured
   at its better); each engine in its own process;
@@ -68,6 +71,18 @@ CALLS = ("reads", "mutations", "keys", "repeated", "refused")
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
+
+
+def tree_cpu(process: psutil.Process) -> float:
+    """CPU seconds of ``process`` and its children (``serve --processes``'s): they live as
+    long as the window they are measured over."""
+    return cpu_seconds(process) + sum(map(cpu_seconds, process.children(recursive=True)))
+
+
+#: How Coordinator is run beside DBOS: processes (``serve --processes``) and starts per
+#: request (1: ``POST /v1/runs``; more: ``POST /v1/runs:batch``). The first is the
+#: ratio's figure, as callers start runs one by one.
+COORDINATOR = {"Coordinator": (1, 1), "Coordinator batch": (1, 100), "Coordinator x2": (2, 1)}
 
 
 class ClusterCpu:
@@ -145,14 +160,14 @@ class Window:
         self.calls = self.product.counters()
         self.cpu = {"product": cpu_seconds(self.product.cpu)}
         if self.engine is not None:
-            self.cpu["engine"] = cpu_seconds(self.engine)
+            self.cpu["engine"] = tree_cpu(self.engine)
         if self.cluster is not None:
             self.cluster.start()
 
     def stop(self) -> tuple[dict[str, float], dict[str, int]]:
         cpu = {"product": cpu_seconds(self.product.cpu) - self.cpu["product"]}
         if self.engine is not None:
-            cpu["engine"] = cpu_seconds(self.engine) - self.cpu["engine"]
+            cpu["engine"] = tree_cpu(self.engine) - self.cpu["engine"]
         if self.cluster is not None:
             cpu["postgres"] = self.cluster.stop()
         after = self.product.counters()
@@ -166,24 +181,40 @@ def check_calls(side: str, expected: int, calls: dict[str, int]) -> None:
         raise SystemExit(f"benchmark: {side} did not make 2 calls per run: {calls}")
 
 
-def start_runs(url: str, tag: str, runs: int, callers: int) -> float:
-    """``runs`` runs of bench-four through ``POST /v1/runs`` from ``callers`` threads, each
-    on one keep-alive connection, each run with its own Idempotency-Key; the threads' CPU
-    seconds."""
+def start_runs(url: str, tag: str, runs: int, callers: int, batch: int = 1) -> float:
+    """``runs`` runs of bench-four from ``callers`` threads, each on one keep-alive
+    connection, each run with its own idempotency key: one ``POST /v1/runs`` per run, or
+    ``batch`` starts to a ``POST /v1/runs:batch``; the threads' CPU seconds."""
     host, port = url.removeprefix("http://").split(":")
     cpu: list[float] = []
     refused: list[str] = []
 
+    def request(numbers: list[int]) -> tuple[str, str, dict[str, str]]:
+        starts = [
+            {"key": f"{tag}-{n}", "workflow": "bench-four", "input": {"recordId": f"app-{n}"}}
+            for n in numbers
+        ]
+        if batch > 1:
+            return "/v1/runs:batch", json.dumps({"starts": starts}), {}
+        key = starts[0].pop("key")
+        return "/v1/runs", json.dumps(starts[0]), {"Idempotency-Key": str(key)}
+
+    def created(status: int, text: bytes) -> bool:
+        """Whether every start the answer is for created its run."""
+        if batch == 1:
+            return status == 201
+        return status == 200 and all(r["status"] == 201 for r in json.loads(text)["results"])
+
     def caller(first: int) -> None:
         started = time.thread_time()
         conn = http.client.HTTPConnection(host, int(port), timeout=60)
-        for n in range(first, runs, callers):
-            body = json.dumps({"workflow": "bench-four", "input": {"recordId": f"app-{n}"}})
-            headers = {"Idempotency-Key": f"{tag}-{n}", "Content-Type": "application/json"}
-            conn.request("POST", "/v1/runs", body, headers)
+        mine = list(range(first, runs, callers))
+        for at in range(0, len(mine), batch):
+            path, body, headers = request(mine[at : at + batch])
+            conn.request("POST", path, body, {**headers, "Content-Type": "application/json"})
             answer = conn.getresponse()
             text = answer.read()
-            if answer.status != 201:
+            if not created(answer.status, text):
                 refused.append(f"{answer.status} {text[:200]!r}")
         conn.close()
         cpu.append(time.thread_time() - started)
@@ -204,15 +235,17 @@ def coordinator_round(
     product: Product,
     runs: int,
     callers: int,
+    how: tuple[int, int],
     profile: Path | None = None,
 ) -> Round:
-    """One round of Coordinator; with ``profile``, py-spy's samples of serve meanwhile."""
+    """One round of Coordinator run ``how`` (:data:`COORDINATOR`); with ``profile``,
+    py-spy's samples of serve meanwhile."""
+    processes, batch = how
     connections = {"registry": connection("breg", product.port, poolSize=8)}
     tag = directory.name
-    with service(cluster, directory, ["bench-four"], workers=4, connections=connections) as (
-        running,
-        dsn,
-    ):
+    with service(
+        cluster, directory, ["bench-four"], processes, workers=4, connections=connections
+    ) as (running, dsn):
         wait_ready(running)
         window = Window(product, ClusterCpu(cluster), psutil.Process(running.process.pid))
         with contextlib.ExitStack() as profiling:
@@ -220,7 +253,7 @@ def coordinator_round(
                 profiling.enter_context(Profile(running.process.pid, profile))
             window.start()
             began = time.time()
-            client = start_runs(running.url, tag, runs, callers)
+            client = start_runs(running.url, tag, runs, callers, batch)
             wait_ended(dsn, runs, 600)
             cpu, calls = window.stop()
         if profile is not None:
@@ -324,26 +357,31 @@ def peer(
     print(
         f"peer: {runs} runs of read call, choose, mutation call, finish, started by {callers} "
         f"concurrent callers, against one threaded stdlib product server; Coordinator "
-        f"(4 workers, POST /v1/runs) and DBOS Transact 3.4 ({threads}, DBOS.start_workflow) "
+        f"(4 workers, POST /v1/runs; beside it 100 starts to a POST /v1/runs:batch, and "
+        f"serve --processes 2) and DBOS Transact 3.4 ({threads}, DBOS.start_workflow) "
         f"on one PostgreSQL 18; {pairs} bare read + mutation pairs from {callers} threads "
         f"through httpx and through http.client; medians of {rounds} interleaved rounds; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     product = Product(free_port(), directory / "product.log")
-    sides: dict[str, list[Round]] = {name: [] for name in ("Coordinator", "DBOS", *BARE)}
+    sides: dict[str, list[Round]] = {name: [] for name in (*COORDINATOR, "DBOS", *BARE)}
     try:
         for round_ in range(rounds):
             for side, measured in sides.items():
                 where = directory / f"r{round_ + 1}-{side.replace(' ', '-').lower()}"
-                if side == "Coordinator":
+                if side in COORDINATOR:
                     profile = profiles and profiles / f"coordinator-r{round_ + 1}.txt"
-                    figures = coordinator_round(cluster, where, product, runs, callers, profile)
+                    if side != "Coordinator":
+                        profile = None  # the profiles are of the ratio's setup
+                    figures = coordinator_round(
+                        cluster, where, product, runs, callers, COORDINATOR[side], profile
+                    )
                 elif side == "DBOS":
                     figures = dbos_round(cluster, where, product, runs, callers, dbos_threads)
                 else:
                     figures = bare_round(product, where.name, pairs, callers, BARE[side])
                 measured.append(figures)
-                print(f"  round {round_ + 1}, {side:<11} {_describe(side, figures)}", flush=True)
+                print(f"  round {round_ + 1}, {side:<17} {_describe(side, figures)}", flush=True)
     finally:
         product.stop()
     _table(sides)
@@ -379,7 +417,7 @@ def _median(rounds: list[Round], figure: str) -> float:
 
 def _table(sides: dict[str, list[Round]]) -> None:
     print(
-        f"  {'':<12} {'per s':>7} {'rounds':>13}   CPU ms per run (bare: per pair):"
+        f"  {'':<17} {'per s':>7} {'rounds':>13}   CPU ms per run (bare: per pair):"
         + "".join(f" {name:>8}" for name in COLUMNS)
     )
     for side, rounds in sides.items():
@@ -389,29 +427,31 @@ def _table(sides: dict[str, list[Round]]) -> None:
             for value in (_median(rounds, name) for name in COLUMNS)
         )
         unit = "pairs" if side in BARE else "runs"
-        print(f"  {side:<12} {_median(rounds, 'rate'):>7.1f} {spread:>13}   {unit:<32}{cells}")
-    coordinator, dbos = sides["Coordinator"], sides["DBOS"]
+        print(f"  {side:<17} {_median(rounds, 'rate'):>7.1f} {spread:>13}   {unit:<32}{cells}")
+    dbos = sides["DBOS"]
     print(
         f"  DBOS's callers are threads of its process: {_median(dbos, 'callers'):.2f} ms per "
         "run of its engine figure"
     )
-    rate = _median(coordinator, "rate") / _median(dbos, "rate")
-    ratios = ", ".join(
-        f"{name} {_median(coordinator, name) / _median(dbos, name):.2f}x"
-        for name in ("engine", "postgres", "product")
-    )
-    paired = [c.rate / d.rate for c, d in zip(coordinator, dbos, strict=True)]
-    print(
-        f"  Coordinator / DBOS: runs/s {rate:.2f}x (round by round "
-        f"{', '.join(f'{x:.2f}' for x in paired)}); CPU per run: {ratios}"
-    )
+    for name in COORDINATOR:
+        coordinator = sides[name]
+        rate = _median(coordinator, "rate") / _median(dbos, "rate")
+        ratios = ", ".join(
+            f"{process} {_median(coordinator, process) / _median(dbos, process):.2f}x"
+            for process in ("engine", "postgres", "product")
+        )
+        paired = [c.rate / d.rate for c, d in zip(coordinator, dbos, strict=True)]
+        print(
+            f"  {name} / DBOS: runs/s {rate:.2f}x (round by round "
+            f"{', '.join(f'{x:.2f}' for x in paired)}); CPU per run: {ratios}"
+        )
     for side, library in BARE.items():
         bare = _median(sides[side], "rate")
-        print(
-            f"  of the bare rate through {library} ({bare:.1f} pairs/s): Coordinator "
-            f"{100 * _median(coordinator, 'rate') / bare:.0f}%, "
-            f"DBOS {100 * _median(dbos, 'rate') / bare:.0f}%"
+        shares = ", ".join(
+            f"{name} {100 * _median(sides[name], 'rate') / bare:.0f}%"
+            for name in (*COORDINATOR, "DBOS")
         )
+        print(f"  of the bare rate through {library} ({bare:.1f} pairs/s): {shares}")
     print(
         "  product calls, checked every round: one read and one mutation per run (pair), each "
         "mutation with a new key, none repeated or refused ("

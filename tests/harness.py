@@ -359,14 +359,18 @@ class Service:
         log: Path,
         crash_at: str | None = None,
         env: dict[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> None:
+        """``args``: more of ``serve``'s options (``--processes N``)."""
         self.config = config
         self.log = log
         port = json.loads(config.read_text())["listen"]["port"]
         self.url = f"http://127.0.0.1:{port}"
         environment = {"COORDINATOR_CRASH_AT": crash_at or "", **(env or {})}
         self._mark = log.stat().st_size if log.exists() else 0
-        self.process = coordinator_process(["serve", "--config", str(config)], log, environment)
+        self.process = coordinator_process(
+            ["serve", "--config", str(config), *args], log, environment
+        )
         self.http = httpx.Client(base_url=self.url, timeout=30)
 
     def wait_listening(self, timeout: float = 30) -> Service:
