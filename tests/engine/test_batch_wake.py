@@ -3,6 +3,7 @@ each exactly as a worker's own commit would take it on, all or none of a batch."
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from registry_coordinator.engine import store
 from registry_coordinator.engine.database import Database, Unavailable, sync_connection
 from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.sleepers import Sleepers
+from registry_coordinator.engine.timers import BATCH, LANES, Timer
 from registry_coordinator.engine.workflows import Pinned, Workflows
 from registry_coordinator.semantics.steps import Sleep, on_due
 from tests.harness import (
@@ -205,6 +207,46 @@ async def test_a_batch_cut_off_before_its_commit_leaves_every_run_asleep(dsn: st
         woken = await Sleepers(db, workflows, "timer", LEASE, Metrics()).wake(500)
     assert (woken.taken, woken.left) == (30, 0)
     assert histories(dsn, runs) == [WOKEN_TO_THE_END] * 30
+
+
+@pytest.mark.trio
+async def test_the_timers_lanes_take_a_burst_once_and_an_outage_in_one_is_an_outage(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A burst of more batches than lanes: while one lane's statement fails (an outage),
+    the timer logs an outage, not a defect (the lanes' error group is not what it
+    catches), and nothing of the burst commits; once the database answers, each run is
+    taken on once."""
+    count = BATCH * LANES + 7  # every lane takes a batch, and one a further one
+    async with database(dsn, size=LANES + 1) as db:
+        _, digest, workflows = await woken_workflow(db)
+        runs = sleepers_due(dsn, digest, count)
+        failing = Failing(db, "advance_sleepers")
+        failing.failing_before = 10**6
+        timer = Timer(
+            failing, timedelta(seconds=30), Sleepers(failing, workflows, "t", LEASE, Metrics())
+        )
+        caplog.set_level(logging.WARNING, "registry_coordinator.engine.timers")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(timer.run)
+            with trio.fail_after(30):
+                await failing.refused.wait()
+                while not caplog.records:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        said = [record.getMessage() for record in caplog.records]
+        assert said[0].startswith("timer: database unavailable: the test's outage"), said
+        assert not any("unexpected" in line for line in said), said
+        assert histories(dsn, runs) == [ASLEEP] * count
+        timer = Timer(db, timedelta(seconds=30), Sleepers(db, workflows, "t", LEASE, Metrics()))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(timer.run)
+            with trio.fail_after(60):
+                while histories(dsn, runs[-1:]) != [WOKEN_TO_THE_END]:
+                    await trio.sleep(0.05)
+                wait_for(dsn, "SELECT count(*) FROM runs WHERE state = 'finished'", count)
+            nursery.cancel_scope.cancel()
+    assert histories(dsn, runs) == [WOKEN_TO_THE_END] * count
 
 
 @pytest.mark.trio
