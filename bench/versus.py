@@ -370,9 +370,11 @@ def peer(
             for side, measured in sides.items():
                 where = directory / f"r{round_ + 1}-{side.replace(' ', '-').lower()}"
                 if side in COORDINATOR:
-                    profile = profiles and profiles / f"coordinator-r{round_ + 1}.txt"
-                    if side != "Coordinator":
-                        profile = None  # the profiles are of the ratio's setup
+                    profile = (  # the profiles are of the ratio's setup
+                        profiles / f"coordinator-r{round_ + 1}.txt"
+                        if profiles and side == "Coordinator"
+                        else None
+                    )
                     figures = coordinator_round(
                         cluster, where, product, runs, callers, COORDINATOR[side], profile
                     )
