@@ -56,13 +56,17 @@ def _finite(text: str) -> float:
     return value
 
 
-def strict_json(data: bytes, max_nesting: int = MAX_NESTING) -> Any:
+def strict_json(data: bytes, max_nesting: int = MAX_NESTING, *, unique_keys: bool = False) -> Any:
     """Parse JSON text from outside, refusing with :class:`UnusableJson` what cannot be
-    stored or used (see the module's docstring)."""
+    stored or used (see the module's docstring); with ``unique_keys``, also an object that
+    names a member twice, which two readers could take differently."""
     too_deep = UnusableJson("too-deep", f"arrays and objects nest over {max_nesting} deep")
     try:
         value = json.loads(
-            data.decode("utf-8"), parse_constant=refuse_constant, parse_float=_finite
+            data.decode("utf-8"),
+            parse_constant=refuse_constant,
+            parse_float=_finite,
+            object_pairs_hook=_unique if unique_keys else None,
         )
     except (UnicodeDecodeError, ValueError) as exc:
         raise UnusableJson("not-json", f"not JSON: {exc}") from None
@@ -76,6 +80,14 @@ def strict_json(data: bytes, max_nesting: int = MAX_NESTING) -> Any:
             "it holds a NUL character (\\u0000) or an unpaired surrogate, which cannot be stored",
         )
     return value
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """For ``json.loads``: an object whose members are each named once."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("an object names a member twice")
+    return found
 
 
 def canonical_bytes(data: Any) -> bytes:

@@ -465,12 +465,14 @@ class _Checker:
     def _template_schema(
         self, step: Call | Finish, template: Template, compiled: dict[str, Compiled], path: DataPath
     ) -> None:
+        moved: JSON = None  # an operation whose contract moved says how, with its first mismatch
         if isinstance(step, Call):
             operation = self.operations.get(step.id)
             if operation is None:
                 return
             schema, code = operation.request_schema, "step.input-schema"
             what = f"operation {operation.product}/{operation.name}"
+            moved = operation.descriptor.get("moved")
         else:
             schema, code = self.workflow.outcomes[step.outcome], "step.output-schema"
             what = f"outcome '{step.outcome}'"
@@ -488,6 +490,8 @@ class _Checker:
                 repair = (
                     f"change the {'input' if isinstance(step, Call) else 'output'} to fit {what}"
                 )
+                if isinstance(moved, str):
+                    repair, moved = f"{repair}: {moved}", None
             self.report(
                 code,
                 f"step '{step.id}' {'input' if isinstance(step, Call) else 'output'} does not fit "
@@ -548,6 +552,8 @@ def _schema_mismatch(error: jsonschema.ValidationError) -> str | None:
             f"the expression gives {type_name(instance.kind)}, "
             f"but {' or '.join(map(str, allowed))} is needed"
         )
+    if error.validator in ("oneOf", "anyOf") and _contains_unknown(instance):
+        return _no_form(error)
     if _contains_unknown(instance) and error.validator not in (
         "required",
         "additionalProperties",
@@ -562,6 +568,23 @@ def _schema_mismatch(error: jsonschema.ValidationError) -> str | None:
     if error.validator == "type" and _contains_unknown(instance):
         return f"{describe(instance)} is not of type {error.validator_value!r}"
     return error.message
+
+
+def _no_form(error: jsonschema.ValidationError) -> str | None:
+    """A oneOf or anyOf that no form can fit whatever the run-time values are: every form
+    has a mismatch that holds for any of them (a member missing, one too many)."""
+    certain: dict[int, str] = {}
+    for sub in error.context or ():
+        branch = sub.schema_path[0] if sub.schema_path else None
+        said = _schema_mismatch(sub)
+        if isinstance(branch, int) and said is not None:
+            certain.setdefault(branch, said)
+    forms = error.validator_value
+    if not isinstance(forms, list) or len(certain) < len(forms):
+        return None  # some form may fit, depending on the values: decided at run time
+    return "it fits none of the forms it may take: " + "; or ".join(
+        certain[n] for n in sorted(certain)
+    )
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,17 @@ CODES: dict[str, str] = {
     "config.digest-mismatch": "a pinned artifact's bytes do not have the pinned digest",
     "config.connection-unbound": "a pinned workflow's connection is not configured",
     "config.connection-kind": "a pinned workflow's connection is bound to another product kind",
+    "config.parameter-missing": "a pinned workflow's operation sends a connection-bound "
+    "parameter its connection does not set",
+    "config.parameter-invalid": "a connection sets a parameter to a value its product "
+    "does not take",
+    "config.parameter-unknown": "a connection sets a parameter its product does not have",
+    "config.task-authority-missing": "a pinned workflow's operation runs only under "
+    "Casework's task authority, and its connection has none",
+    "config.external-unreviewed": "a pinned workflow reads an external path or query "
+    "parameter its connection's review does not list",
+    "config.task-authority-refused": "a pinned workflow's operation is bound to a connection "
+    "whose task authority its product refuses for it",
     # scenarios (coordinator test)
     "scenario.invalid": "a scenario names something the workflow does not have",
     "scenario.failed": "a scenario's run did not end as it expects",

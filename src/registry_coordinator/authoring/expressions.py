@@ -13,6 +13,7 @@ Values cross the boundary as JSON: timestamps leave as RFC 3339 text.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -23,7 +24,7 @@ from typing import Any
 
 from cel_expr_python import cel
 
-from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.authoring.canonical import JSON, canonical_bytes
 from registry_coordinator.errors import CoordinatorError
 
 #: Names that CEL reserves; a step named like this could not be read as ``steps.<id>``.
@@ -129,8 +130,29 @@ class Compiled:
         return value.plain_value()
 
 
+def _digest(value: Any) -> str:
+    """``digest(value)``: ``sha256:`` and the hex SHA-256 of the value's canonical JSON —
+    a content digest a product can bind a request to (Casework's subject digest)."""
+    return "sha256:" + hashlib.sha256(canonical_bytes(to_json(value))).hexdigest()
+
+
+#: The functions Coordinator adds to CEL's own: ``digest`` of a map, list or string.
+FUNCTIONS = (
+    cel.FunctionDecl(
+        "digest",
+        [
+            cel.Overload(
+                f"digest_{kind.lower()}", cel.Type.STRING, [getattr(cel.Type, kind)], impl=_digest
+            )
+            for kind in ("MAP", "LIST", "STRING")
+        ],
+    ),
+)
+
+
 class Environment:
-    """A cel-cpp environment declaring the variables of one :class:`Scope`."""
+    """A cel-cpp environment declaring the variables of one :class:`Scope`, and
+    Coordinator's :data:`FUNCTIONS`."""
 
     def __init__(self, scope: Scope) -> None:
         variables: dict[str, Any] = {
@@ -141,7 +163,7 @@ class Environment:
         }
         variables.update({f"steps.{s}": cel.Type.DYN for s in scope.steps})
         variables.update({f"completed.{s}": cel.Type.TIMESTAMP for s in scope.completed})
-        self._env = cel.NewEnv(variables=variables)
+        self._env = cel.NewEnv(variables=variables, functions=list(FUNCTIONS))
 
     def compile(self, source: str, expect: Iterable[str] = ()) -> Compiled:
         """Compile ``source``; ``expect`` lists the static types accepted besides DYN."""

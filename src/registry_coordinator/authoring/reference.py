@@ -33,16 +33,48 @@ def _operation_line(op: Operation) -> str:
     return f"{op.name}: {op.effect} {op.method} {op.path}{key} — {_description(op.descriptor)}"
 
 
+def finals(result: Result, code: str = "") -> str:
+    """When a result's answer is final, in words: each condition's fields and values."""
+    conditions = []
+    for condition in result.finals:
+        parts = [
+            f"{code}{name}{code} is " + ", ".join(f"{code}{v}{code}" for v in sorted(values))
+            for name, values in sorted(condition.items())
+        ]
+        conditions.append(" and ".join(parts))
+    return "; or ".join(conditions)
+
+
+def delivery(result: Result) -> str:
+    """How the product makes a result known, in words."""
+    ways = []
+    if result.push is not None:
+        ways.append(f"pushes {result.push.event}")
+    if result.feed is not None:
+        ways.append(f"lists it on the feed GET {result.feed.path}")
+    if ways:
+        return " and ".join(ways) + ", which wake the run to read it"
+    if result.read_only:
+        return "sends nothing: it is read on a backoff schedule"
+    return "Coordinator's signed result webhooks wake the run to read it"
+
+
 def _result_line(result: Result) -> str:
-    finals = ", ".join(sorted(result.final_values))
     return (
         f"{result.name}: keyed by {result.key}, read with {result.fetch.name}, final when "
-        f"{result.final_field} is {finals} — {_description(result.descriptor)}"
+        f"{finals(result)}; the product {delivery(result)} — {_description(result.descriptor)}"
     )
 
 
 def _product_lines(product: Product) -> list[str]:
-    lines = [f"{product.kind} {product.version}", "  operations:"]
+    lines = [f"{product.kind} {product.version}"]
+    if product.parameters:
+        lines.append("  connection-bound parameters (set per connection, never workflow input):")
+        lines += [
+            f"    {p.name}: sent as {p.where} {p.wire} — {p.description}"
+            for _, p in sorted(product.parameters.items())
+        ]
+    lines.append("  operations:")
     lines += [f"    {_operation_line(op)}" for _, op in sorted(product.operations.items())]
     if product.results:
         lines.append("  results (for wait-for):")
@@ -75,8 +107,19 @@ def text(catalog: Catalog, product: str | None = None, operation: str | None = N
         f"  effect: {op.effect}; recovery after an unknown outcome: {op.recovery}",
         f"  Idempotency-Key: {'sent' if op.idempotency_key else 'not sent'}",
     ]
+    if op.bound:
+        names = ", ".join(f"{p.name} ({p.where} {p.wire})" for p in op.bound)
+        lines.append(f"  sends the connection's {names}")
     if op.receipt:
-        lines.append(f"  receipt lookup: GET {op.receipt}")
+        sends = "" if op.receipt.method == "GET" else " with the original key and body"
+        lines.append(f"  receipt lookup: {op.receipt.method} {op.receipt.path}{sends}")
+    if op.prepare:
+        lines.append(f"  prepared before it is sealed: {op.prepare}")
+    if op.external:
+        lines.append(
+            "  the connection's review decides what may be read and what answers fit: "
+            "paths, queryParameters, responseSchema (docs/operations.md)"
+        )
     lines += ["  input (the step's with:):", *(f"    {x}" for x in _schema(op.request_schema))]
     lines += ["  result (steps.ID):", *(f"    {x}" for x in _schema(op.response_schema))]
     return "\n".join(lines) + "\n"
@@ -87,6 +130,19 @@ def markdown(catalog: Catalog) -> str:
     parts = []
     for kind, product in sorted(catalog.products.items()):
         parts.append(f"### `{kind}` {product.version}\n")
+        contract = product.contract if isinstance(product.contract, dict) else {}
+        follows = contract.get("follows") or []
+        if follows:
+            files = ", ".join(f"`{f['path']}` at `{f['commit'][:8]}`" for f in follows)
+            parts.append(f"Follows `{contract['repository']}`: {files}.\n")
+        if product.parameters:
+            parts.append("| connection parameter | sent as | what it is |")
+            parts.append("|---|---|---|")
+            for name, parameter in sorted(product.parameters.items()):
+                parts.append(
+                    f"| `{name}` | {parameter.where} `{parameter.wire}` | {parameter.description} |"
+                )
+            parts.append("")
         parts.append("| operation | effect | request | what it does |")
         parts.append("|---|---|---|---|")
         for name, op in sorted(product.operations.items()):
@@ -98,13 +154,12 @@ def markdown(catalog: Catalog) -> str:
             )
         if product.results:
             parts.append("")
-            parts.append("| result (wait-for) | key | read with | final when |")
-            parts.append("|---|---|---|---|")
+            parts.append("| result (wait-for) | key | read with | final when | made known |")
+            parts.append("|---|---|---|---|---|")
             for name, result in sorted(product.results.items()):
-                finals = ", ".join(f"`{v}`" for v in sorted(result.final_values))
                 parts.append(
                     f"| `{name}` | `{result.key}` | `{result.fetch.name}` "
-                    f"| `{result.final_field}` is {finals} |"
+                    f"| {finals(result, '`')} | the product {delivery(result)} |"
                 )
         parts.append("")
     return "\n".join(parts)
