@@ -52,6 +52,24 @@ class FailureCode(StrEnum):
     """The finish step's evaluated output does not satisfy its outcome's schema."""
     DEADLINE_REACHED = "deadline-reached"
     """The run's deadline passed before it finished (the run is ``expired``)."""
+    ACTION_UNAVAILABLE = "action-unavailable"
+    """A BReg action the registry's metadata does not offer to the connection's access
+    profile (or describes in a form Coordinator cannot act on): nothing was sent."""
+    RESULT_EXPIRED = "result-expired"
+    """A wait-for's product answered that the result is no longer retained (Casework's
+    410 after the result's ``availableUntil``): the wait cannot end with it."""
+    EXTERNAL_INVALID_COMMAND = "external-invalid-command"
+    """An external read names a path or query parameter its connection's review does not
+    allow (or a query value no reviewed read sends): nothing was sent."""
+    EXTERNAL_DESTINATION_REFUSED = "external-destination-refused"
+    """An external connection's host resolves to an address no read may reach (link-local,
+    where cloud metadata services answer): nothing was sent, not even for a token."""
+    EXTERNAL_REDIRECT = "external-redirect"
+    """An external read was answered with a redirect, which is never followed: it would
+    take the connection's credential and the run's query where nobody reviewed."""
+    EXTERNAL_INVALID_RESPONSE = "external-invalid-response"
+    """An external read's answer is not strict JSON, exceeds the connection's
+    ``responseLimit``, or does not fit its ``responseSchema``: it is not released."""
 
 
 class HoldCode(StrEnum):
@@ -70,6 +88,22 @@ class HoldCode(StrEnum):
     cannot be stored (not JSON, NaN, a NUL character, nested too deep): it probably
     took effect, but its result cannot be used. The body is kept on the call's
     execution, and the detail shows how it began."""
+    RECEIPT_EXPIRED = "receipt-expired"
+    """A resend of a mutation under its original key was answered that the key was spent
+    on an original that took effect and that the product's record of its answer has
+    expired (``idempotency.expired``): it acted, but its result cannot be had from it.
+    Check the effect at the product, then ``cancel``; nothing can be resent."""
+    PREPARED_COMMAND_MISMATCH = "prepared-command-mismatch"
+    """A prepared command (a BReg action, frozen with the registry revision and action
+    contract it was prepared under) was to be sent again, but the registry now offers
+    the action under another revision or contract, or not at all: the frozen command no
+    longer fits, and whether its first sending took effect is unknown. Check the
+    product; ``cancel``, or ``retry-same`` once the registry offers it as prepared."""
+    RESULT_CONCEALED = "result-concealed"
+    """A wait-for's product answered that it has no result for the key that Coordinator's
+    identity may see (Casework's and Messaging's concealing 404): the key is wrong, or
+    the connection's identity or profile cannot see it. Fix the configuration, then
+    ``retry-same`` reads it again; or ``cancel``."""
     DISPATCH_INTERRUPTED = "dispatch-interrupted"
     """Coordinator stopped (crash or shutdown), or lost its claim on the run in a
     database outage, after sending a mutation and before recording its answer. An

@@ -1,12 +1,15 @@
 """``coordinator test``: run a workflow offline against scripted product replies.
 
 A scenario gives the start input, what each call step's product answers on each
-attempt, when each awaited result arrives, and what the run must end as. The run
-is driven through :mod:`steps` — the same semantics the engine uses — on a
-virtual clock, so a fourteen-day timeout takes no time at all.
+attempt (and, for an operation with a receipt, what its receipt lookups answer),
+when each awaited result arrives, and what the run must end as. The run is driven
+through :mod:`steps` — the same semantics the engine uses — on a virtual clock, so a
+fourteen-day timeout takes no time at all. A mutation whose outcome is unknown is
+asked about as the engine asks with a connection's default verification: its receipt
+looked up, or its identical request sent again (which takes the step's next reply).
 
-Retries use the upper end of the backoff (no random jitter), so a scenario's
-elapsed time is exact.
+Retries and askings use the upper end of their spread (no random jitter), so a
+scenario's elapsed time is exact.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ from registry_coordinator.semantics.steps import (
     Send,
     Sleep,
     Transition,
+    Verification,
+    Verify,
+    checked,
     enter,
     result_arrived,
     settle,
@@ -47,6 +53,8 @@ from registry_coordinator.semantics.steps import (
 
 DEFAULT_ADMITTED_AT = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 MAX_ATTEMPTS = 1000
+#: How a scenario's run asks about an unknown outcome: as a connection does by default.
+VERIFICATION = Verification()
 #: The states a scenario may expect its run to end in (nothing cancels a scenario's run).
 STATES = (RunState.FINISHED, RunState.FAILED, RunState.HELD, RunState.EXPIRED)
 
@@ -80,6 +88,7 @@ class Scenario:
     results: dict[str, list[Delivery]]
     expect: Expectation
     path: DataPath
+    receipts: dict[str, list[Reply]] = field(default_factory=dict)
 
 
 @dataclass
@@ -140,7 +149,11 @@ def _scenario(
         return None
     before = len(reader.diagnostics)
     reader.fields(
-        data, path, "a scenario", ["name", "input", "expect"], ["admittedAt", "replies", "results"]
+        data,
+        path,
+        "a scenario",
+        ["name", "input", "expect"],
+        ["admittedAt", "replies", "receipts", "results"],
     )
     name = reader.string(data, "name", path, "a scenario") or f"#{path[-1]}"
     what = f"scenario {name!r}"
@@ -165,11 +178,14 @@ def _scenario(
                 (*path, "admittedAt"),
             )
     replies = _replies(reader, data.get("replies", {}), (*path, "replies"), definition, what)
+    receipts = _replies(
+        reader, data.get("receipts", {}), (*path, "receipts"), definition, what, receipt=True
+    )
     results = _results(reader, data.get("results", {}), (*path, "results"), definition, what)
     expect = _expectation(reader, data.get("expect"), (*path, "expect"), definition, what)
     if len(reader.diagnostics) > before or expect is None:
         return None
-    return Scenario(name, data["input"], admitted_at, replies, results, expect, path)
+    return Scenario(name, data["input"], admitted_at, replies, results, expect, path, receipts)
 
 
 def _steps_of(
@@ -199,10 +215,30 @@ _UNCERTAIN = {"timeout", "reset", "invalid"}
 
 
 def _replies(
-    reader: Reader, value: JSON, path: DataPath, definition: Definition, what: str
+    reader: Reader,
+    value: JSON,
+    path: DataPath,
+    definition: Definition,
+    what: str,
+    *,
+    receipt: bool = False,
 ) -> dict[str, list[Reply]]:
+    """Each call step's scripted replies (``receipt``: its receipt lookups' answers). A
+    success is answered with the operation's first success status (a receipt's, 200)."""
     replies: dict[str, list[Reply]] = {}
     for step_id, entries in _steps_of(reader, value, path, definition, Call, what).items():
+        operation = definition.operations[step_id]
+        if receipt and operation.receipt is None:
+            reader.report(
+                "scenario.invalid",
+                f"{what} scripts receipts for {step_id}, but "
+                f"{operation.product}/{operation.name} has no receipt lookup",
+                "script receipts only for operations the catalog gives a receipt",
+                (*path, step_id),
+                key=True,
+            )
+            continue
+        success = 200 if receipt or operation.success is None else min(operation.success)
         parsed = []
         for index, entry in enumerate(entries):
             where = (
@@ -210,14 +246,14 @@ def _replies(
                 if len(entries) == 1 and not isinstance(value[step_id], list)
                 else (*path, step_id, index)
             )
-            reply = _reply(reader, entry, where)
+            reply = _reply(reader, entry, where, success)
             if reply is not None:
                 parsed.append(reply)
         replies[step_id] = parsed
     return replies
 
 
-def _reply(reader: Reader, entry: JSON, path: DataPath) -> Reply | None:
+def _reply(reader: Reader, entry: JSON, path: DataPath, success: int = 200) -> Reply | None:
     data = reader.mapping(entry, path, "a reply")
     if data is None:
         return None
@@ -234,7 +270,7 @@ def _reply(reader: Reader, entry: JSON, path: DataPath) -> Reply | None:
     kind, value = next(iter(data.items()))
     at = (*path, kind)
     if kind == "success":
-        return Reply(ReplyKind.RESPONSE, 200, json.dumps(value).encode())
+        return Reply(ReplyKind.RESPONSE, success, json.dumps(value).encode())
     if kind == "refused":
         if isinstance(value, int) and 400 <= value < 500 and value not in (429,):
             return Reply(ReplyKind.RESPONSE, value, b'{"title":"refused by the scenario"}')
@@ -262,7 +298,7 @@ def _reply(reader: Reader, entry: JSON, path: DataPath) -> Reply | None:
         return None
     if value in _UNCERTAIN:
         if value == "invalid":
-            return Reply(ReplyKind.RESPONSE, 200, b'{"unexpected": true}')
+            return Reply(ReplyKind.RESPONSE, success, b'{"unexpected": true}')
         return Reply(ReplyKind.LOST, detail=f"{value} (scenario)")
     if isinstance(value, int) and 500 <= value < 600 and value != 503:
         return Reply(ReplyKind.RESPONSE, value, b"")
@@ -418,16 +454,47 @@ def _call(
     script = scenario.replies.get(step_id)
     if not script:
         raise _NoReply(step_id)
+    receipts = scenario.receipts.get(step_id, [])
+    has_receipt = definition.operations[step_id].receipt is not None
+    checks = 0
     for attempt in range(1, MAX_ATTEMPTS + 1):
         ended.attempts[step_id] = attempt
         reply = script[min(attempt, len(script)) - 1]
-        transition = settle(definition, step_id, reply, attempt, now, jitter=lambda: 1.0)
-        if not isinstance(transition, Retry):
+        transition = settle(
+            definition,
+            step_id,
+            reply,
+            attempt,
+            now,
+            jitter=_upper,
+            checks=checks,
+            verification=VERIFICATION,
+        )
+        while isinstance(transition, Verify) and has_receipt:
+            if transition.at >= deadline:
+                return _Expired(), deadline
+            now, checks = transition.at, checks + 1
+            answer = (
+                receipts[min(checks, len(receipts)) - 1]
+                if receipts
+                else Reply(ReplyKind.LOST, detail="no receipt scripted (scenario)")
+            )
+            transition = checked(
+                definition, step_id, answer, checks, now, VERIFICATION, jitter=_upper
+            )
+        if isinstance(transition, Verify):  # the identical request, sent again
+            checks += 1
+        elif not isinstance(transition, Retry):
             return transition, now
         if transition.at >= deadline:
             return _Expired(), deadline
         now = transition.at
     raise AssertionError("a call was retried more often than a deadline allows")
+
+
+def _upper() -> float:
+    """The upper end of every spread: a scenario's times are exact."""
+    return 1.0
 
 
 class _Expired:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, assert_never
@@ -26,7 +26,14 @@ from registry_coordinator.authoring.canonical import (
     canonical_bytes,
     strict_json,
 )
-from registry_coordinator.authoring.catalog import Effect, Operation, Result
+from registry_coordinator.authoring.catalog import (
+    Effect,
+    Gone,
+    Operation,
+    Recovery,
+    Result,
+    Where,
+)
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import (
     EvaluationError,
@@ -36,11 +43,9 @@ from registry_coordinator.authoring.expressions import (
 )
 from registry_coordinator.authoring.workflow import Call, Choose, Finish, WaitFor, WaitUntil
 from registry_coordinator.errors import CoordinatorError
+from registry_coordinator.semantics import external
 from registry_coordinator.semantics.codes import FailureCode, HoldCode
 
-#: The statuses by which a product refuses a command as sent (SPEC section 5): the run
-#: fails. Every other 4xx is no such statement, and is treated as an unknown outcome.
-REFUSALS = frozenset({400, 404, 409, 422})
 BACKOFF_BASE = timedelta(seconds=1)
 BACKOFF_CAP = timedelta(minutes=5)
 MAX_DETAIL = 500
@@ -123,6 +128,10 @@ class Request:
     target: str  # path and query, relative to the connection's base URL
     body: bytes | None
     idempotency_key: str | None
+    #: Its connection-bound headers (an Authorization is had for each sending, not sealed).
+    headers: tuple[tuple[str, str], ...] = ()
+    #: The task grant it runs under, if it does: proved to the product, never sent.
+    grant: JSON = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,24 @@ class Retry:
 
 
 @dataclass(frozen=True)
+class Verify:
+    """A mutation's outcome is unknown, and its product can say what became of it: ask it
+    again at ``at`` — its receipt of the original key, or, where the product answers the
+    identical request under the same key with the original answer, that request."""
+
+    at: datetime
+    detail: str
+
+
+@dataclass(frozen=True)
+class Check:
+    """Ask the product now for its receipt of the call's original key (a read that never
+    causes an effect); the step completes only on the receipt it confirms."""
+
+    operation: Operation
+
+
+@dataclass(frozen=True)
 class Expire:
     """The run's deadline has passed: it ends ``expired`` wherever it was."""
 
@@ -152,7 +179,40 @@ class Fetch:
     key: str
 
 
-Transition = Advance | Finished | Failed | Held | Sleep | Await | Send | Retry | Expire | Fetch
+Transition = (
+    Advance
+    | Finished
+    | Failed
+    | Held
+    | Sleep
+    | Await
+    | Send
+    | Retry
+    | Verify
+    | Check
+    | Expire
+    | Fetch
+)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How often Coordinator asks a product about a mutation whose outcome is unknown
+    before it holds the run: ``attempts`` times, ``spacing`` apart (each spread by
+    jitter). Zero attempts: held at once, as for a product that can say nothing."""
+
+    attempts: int = 3
+    spacing: timedelta = timedelta(seconds=20)
+
+    def next(self, checks: int, now: datetime, jitter: Callable[[], float]) -> datetime | None:
+        """When to ask again after ``checks`` askings; None when the asking is over."""
+        if checks >= self.attempts:
+            return None
+        return now + self.spacing * (0.5 + 0.5 * jitter())
+
+
+#: Asking nothing: an unknown outcome holds the run at once.
+NO_VERIFICATION = Verification(attempts=0)
 
 
 def on_due(
@@ -163,16 +223,21 @@ def on_due(
     timer_at: datetime | None,
     now: datetime,
     dispatched: bool = False,
+    checks: int = 0,
+    verification: Verification = NO_VERIFICATION,
+    jitter: Callable[[], float] = random.random,
 ) -> Transition | None:
     """What a run does when it falls due at ``now``; ``None`` when nothing is due yet.
 
     A run falls due when its deadline passes, when its step's own instant comes
     (a wait-until, a wait-for's timeout, a call's retry), when it is runnable, or
     when the process that held it stopped — possibly in the middle of a call
-    (``dispatched``), whose outcome is then unknown and decided first.
+    (``dispatched``), whose outcome is then unknown and decided first. ``checks`` is how
+    often the product was asked about the call's unknown outcome so far, and
+    ``verification`` how often it may be.
     """
     if dispatched:
-        return interrupted(definition, step_id, now)
+        return interrupted(definition, step_id, now, checks, verification, jitter)
     if now >= run.deadline_at:
         return Expire()
     timer_passed = timer_at is not None and now >= timer_at
@@ -188,6 +253,9 @@ def on_due(
         return None
     if timer_at is not None and not timer_passed:
         return None
+    operation = definition.operations.get(step_id)
+    if checks and operation is not None and operation.receipt is not None:
+        return Check(operation)
     return enter(definition, step_id, run, now)
 
 
@@ -310,9 +378,18 @@ def path_segment(name: str, value: JSON) -> str:
 
 def build_request(operation: Operation, payload: dict[str, JSON], key: str | None) -> Request:
     """Place the input: path parameters into the path, the rest into query (GET) or body.
-    Raises :class:`UnsafePath` for a path parameter that is not a safe segment."""
+    Raises :class:`UnsafePath` for a path parameter that is not a safe segment. The
+    connection-bound parameters are placed by :func:`bind`. An external read's path is
+    placed as it is, under the connection's base URL (:func:`external.target`)."""
+    if operation.external:
+        path, query = payload["path"], payload.get("query") or {}
+        if not isinstance(path, str) or not external.PATH.match(path):
+            raise UnsafePath(f"path is {path!r}, which is not a relative path to read")
+        assert isinstance(query, dict)
+        return Request("GET", external.target(path, query), None, None)
     target = operation.path
     rest = dict(payload)
+    grant = rest.pop("grant", None) if operation.grant else None
     for name in operation.path_params:
         target = target.replace("{" + name + "}", path_segment(name, rest.pop(name)))
     body = None
@@ -321,13 +398,62 @@ def build_request(operation: Operation, payload: dict[str, JSON], key: str | Non
             target += "?" + urlencode(sorted((k, _query_value(v)) for k, v in rest.items()))
     else:
         body = canonical_bytes(rest)
-    return Request(operation.method, target, body, key if operation.idempotency_key else None)
+    key = key if operation.idempotency_key else None
+    return Request(operation.method, target, body, key, grant=grant)
 
 
-def build_receipt_request(operation: Operation, key: str) -> Request:
-    """The read-only lookup of the product's record of an original idempotency key."""
-    assert operation.receipt is not None
-    return Request("GET", operation.receipt.replace("{key}", path_segment("key", key)), None, None)
+class Unbound(CoordinatorError, ValueError):
+    """A connection-bound parameter the connection does not set (startup refuses such a
+    configuration, so a run meets this only if the configuration moved under it)."""
+
+
+def bind(operation: Operation, request: Request, values: Mapping[str, JSON]) -> Request:
+    """``request`` with the operation's connection-bound parameters in place: the values
+    the operator set on the connection (``values``), as headers, query parameters or body
+    members. Sealed with the request, so a resend carries the values it was first sent with."""
+    if not operation.bound:
+        return request
+    headers = list(request.headers)
+    query: list[tuple[str, str]] = []
+    members: dict[str, JSON] = {}
+    for parameter in operation.bound:
+        if parameter.name not in values:
+            raise Unbound(
+                f"{operation.product}/{operation.name} sends {parameter.name}, which the "
+                "connection does not set"
+            )
+        value = values[parameter.name]
+        match parameter.where:
+            case Where.HEADER:
+                headers.append((parameter.wire, _query_value(value)))
+            case Where.QUERY:
+                query.append((parameter.wire, _query_value(value)))
+            case Where.BODY:
+                members[parameter.wire] = value
+            case _:
+                assert_never(parameter.where)
+    target = request.target
+    if query:
+        target += ("&" if "?" in target else "?") + urlencode(sorted(query))
+    body = request.body
+    if members:
+        sent = strict_json(body) if body else {}
+        assert isinstance(sent, dict)
+        body = canonical_bytes({**sent, **members})
+    return replace(request, target=target, body=body, headers=tuple(headers))
+
+
+def build_receipt_request(operation: Operation, sealed: Request) -> Request:
+    """The read-only lookup of the product's record of a sealed request's original key:
+    a GET of the receipt path naming the key, or a POST resending the original key, body
+    and connection-bound headers and query to the receipt route."""
+    receipt = operation.receipt
+    assert receipt is not None and sealed.idempotency_key is not None
+    key = sealed.idempotency_key
+    if receipt.method == "GET":
+        return Request("GET", receipt.path.replace("{key}", path_segment("key", key)), None, None)
+    _, mark, query = sealed.target.partition("?")
+    return Request("POST", receipt.path + mark + query, sealed.body, key, sealed.headers)
 
 
 def _query_value(value: JSON) -> str:
@@ -353,6 +479,9 @@ class Reply:
     body: bytes = b""
     retry_after: timedelta | None = None
     detail: str = ""
+    #: The answer's body was longer than the connection takes: refused, not cut short
+    #: (``body`` is then empty).
+    exceeded: bool = False
 
 
 def backoff(attempt: int, jitter: Callable[[], float] = random.random) -> timedelta:
@@ -372,20 +501,36 @@ def settle(
     attempt: int,
     now: datetime,
     jitter: Callable[[], float] = random.random,
+    checks: int = 0,
+    verification: Verification = NO_VERIFICATION,
+    reviewed: external.Reviewed | None = None,
+    uncertain: bool = False,
 ) -> Transition:
-    """Classify the reply to a call's ``attempt``-th sending (SPEC section 5, call outcomes)."""
+    """Classify the reply to a call's ``attempt``-th sending (SPEC section 5, call outcomes),
+    as the operation's descriptor reads its product's answers: which statuses are its
+    success, its refusals, and which problem codes say a key was spent on an original
+    whose answer is gone. ``checks`` and ``verification`` say whether the product may
+    still be asked about an unknown outcome (:class:`Verify`) before the run is held;
+    ``reviewed`` is an external connection's review, which its answers must fit (None
+    offline, where only the catalog's ``{status, body}`` is known). ``uncertain``: an
+    earlier sending of this same request may have taken effect, so a refusal of this one
+    holds the run rather than failing it — a product may refuse a resend for what has
+    changed since (Messaging authorizes and renders a retry again before it looks up its
+    key; BReg answers a resend under other claims ``idempotency.conflict``) while the
+    first sending stands."""
     operation = definition.operations[step_id]
     step = definition.step(step_id)
     assert isinstance(step, Call)
     retry_at = now + backoff(attempt, jitter)
     if reply.kind is ReplyKind.NOT_SENT:
         return Retry(retry_at, detail(f"not sent: {reply.detail}"))
+    if operation.external:
+        return _read_externally(definition, step, reply, reviewed, retry_at)
+    unknown = _Unknown(operation, retry_at, now, checks, verification, jitter)
     if reply.kind is ReplyKind.LOST or reply.status is None:
-        return _uncertain(
-            operation, retry_at, HoldCode.OUTCOME_UNKNOWN, f"no answer: {reply.detail}"
-        )
+        return unknown(HoldCode.OUTCOME_UNKNOWN, f"no answer: {reply.detail}")
     status = reply.status
-    if 200 <= status < 300:
+    if operation.succeeded(status):
         try:
             body = strict_json(reply.body)
         except UnusableJson as exc:
@@ -394,12 +539,36 @@ def settle(
             problems = definition.schema_errors(operation.response_schema, body)
         if not problems:
             return Advance(step.next, "next", body, True)
-        return _uncertain(
-            operation,
-            retry_at,
+        return unknown(
             HoldCode.RESPONSE_INVALID,
             f"answered {status} with a response that cannot be used: {'; '.join(problems)}",
         )
+    code = problem_code(reply.body)
+    if code is not None and code in operation.spent_codes:
+        return Held(
+            HoldCode.RECEIPT_EXPIRED,
+            _status_detail(
+                status,
+                reply.body,
+                "the product spent this key on an original "
+                "that took effect, and its record of the answer has expired",
+            ),
+        )
+    refused = (code is not None and code in operation.refused_codes) or (
+        status in operation.refusals
+    )
+    if refused and uncertain:
+        return Held(
+            HoldCode.OUTCOME_UNKNOWN,
+            _status_detail(
+                status,
+                reply.body,
+                "the product refused this resend, but an earlier sending's outcome is "
+                "unknown and may stand (a refusal of a resend does not say it failed)",
+            ),
+        )
+    if code is not None and code in operation.refused_codes:
+        return Failed(FailureCode.PRODUCT_REFUSED, _status_detail(status, reply.body))
     if status in (429, 503):
         wait = max(reply.retry_after, BACKOFF_BASE) if reply.retry_after else None
         return Retry(
@@ -407,25 +576,130 @@ def settle(
         )
     if status in (401, 403):
         return Held(HoldCode.PRODUCT_FORBIDDEN, _status_detail(status, reply.body))
-    if status in REFUSALS:
+    if status in operation.refusals:
         return Failed(FailureCode.PRODUCT_REFUSED, _status_detail(status, reply.body))
     # Any other answer (408, 423, 425, another 4xx, a 5xx) does not say the product
     # refused the command: it may have acted, or may yet.
-    return _uncertain(
-        operation, retry_at, HoldCode.OUTCOME_UNKNOWN, _status_detail(status, reply.body)
-    )
+    return unknown(HoldCode.OUTCOME_UNKNOWN, _status_detail(status, reply.body))
 
 
-def _uncertain(operation: Operation, retry_at: datetime, code: HoldCode, why: str) -> Transition:
-    """A read may simply be repeated; a mutation's effect is unknown, so an operator decides."""
-    if operation.effect is Effect.READ:
-        return Retry(retry_at, detail(why))
-    return Held(code, detail(why))
+def _read_externally(
+    definition: Definition,
+    step: Call,
+    reply: Reply,
+    reviewed: external.Reviewed | None,
+    retry_at: datetime,
+) -> Transition:
+    """An external read's answer: none is read again later; a redirect is refused; any
+    other is the step's result, ``{status, body}``, once it fits the review."""
+    if reply.kind is not ReplyKind.RESPONSE or reply.status is None:
+        return Retry(retry_at, detail(f"no answer: {reply.detail}"))
+    if reply.status in external.REDIRECTS:
+        return Failed(
+            FailureCode.EXTERNAL_REDIRECT,
+            f"answered {reply.status}, a redirect, which an external read never follows",
+        )
+    answer = (reviewed or external.UNREVIEWED).answer(reply.status, reply.body, reply.exceeded)
+    if not isinstance(answer, str):
+        schema = definition.operations[step.id].response_schema
+        problems = definition.schema_errors(schema, answer)
+        answer = f"the answer is not {{status, body}}: {problems[0]}" if problems else answer
+    if isinstance(answer, str):
+        return Failed(FailureCode.EXTERNAL_INVALID_RESPONSE, f"answered {reply.status}: {answer}")
+    return Advance(step.next, "next", answer, True)
 
 
-def _status_detail(status: int, body: bytes) -> str:
+@dataclass(frozen=True)
+class _Unknown:
+    """What becomes of a call whose effect is unknown: a read is simply sent again; a
+    mutation whose product can say what became of it is asked (:class:`Verify`) while
+    its verification allows; otherwise an operator decides."""
+
+    operation: Operation
+    retry_at: datetime
+    now: datetime
+    checks: int
+    verification: Verification
+    jitter: Callable[[], float]
+
+    def __call__(self, code: HoldCode, why: str) -> Transition:
+        if self.operation.effect is Effect.READ:
+            return Retry(self.retry_at, detail(why))
+        if code is not HoldCode.RESPONSE_INVALID and verifiable(self.operation):
+            at = self.verification.next(self.checks, self.now, self.jitter)
+            if at is not None:
+                return Verify(at, detail(why))
+        return Held(code, detail(why + _asked(self.operation, self.checks)))
+
+
+def verifiable(operation: Operation) -> bool:
+    """Whether a product can say what became of a call of ``operation`` without a second
+    effect: by its receipt of the original key, or by answering the identical request."""
+    return operation.recovery in (Recovery.SAME_COMMAND_AND_RECEIPT, Recovery.IDENTICAL_REQUEST)
+
+
+def _asked(operation: Operation, checks: int) -> str:
+    if not checks:
+        return ""
+    how = "for its receipt" if operation.receipt is not None else "with the identical request"
+    return f" (asked the product {how} {checks} time{'s' if checks > 1 else ''}; not confirmed)"
+
+
+def checked(
+    definition: Definition,
+    step_id: str,
+    reply: Reply,
+    checks: int,
+    now: datetime,
+    verification: Verification,
+    jitter: Callable[[], float] = random.random,
+) -> Transition:
+    """The product's answer to the ``checks``-th lookup of a call's receipt: the step
+    completes with a receipt that confirms the call; anything else is asked again while
+    the verification allows, and then holds the run with what the product said."""
+    operation = definition.operations[step_id]
+    step = definition.step(step_id)
+    assert isinstance(step, Call) and operation.receipt is not None
+    if reply.kind is not ReplyKind.RESPONSE or reply.status is None:
+        why = f"the receipt lookup got no answer: {reply.detail}"
+    elif reply.status in operation.receipt.unresolved:
+        why = (
+            f"{reply.status}: no retained receipt matches the original key and request "
+            "(not evidence that it had no effect)"
+        )
+    elif not 200 <= reply.status < 300:
+        why = f"the receipt lookup was answered {_status_detail(reply.status, reply.body)}"
+    else:
+        try:
+            body = strict_json(reply.body)
+        except UnusableJson as exc:
+            problems = [str(exc)]
+        else:
+            problems = definition.schema_errors(operation.response_schema, body)
+        if not problems:
+            return Advance(step.next, "next", body, True)
+        why = f"the receipt cannot be used: {'; '.join(problems)}"
+    at = verification.next(checks, now, jitter)
+    if at is not None:
+        return Verify(at, detail(why))
+    return Held(HoldCode.OUTCOME_UNKNOWN, detail(why + _asked(operation, checks)))
+
+
+def problem_code(body: bytes) -> str | None:
+    """The ``code`` of a product's problem document (RFC 9457, as every Registry Stack
+    product answers a refusal), if the body is one."""
+    try:
+        document = strict_json(body)
+    except UnusableJson:
+        return None
+    code = document.get("code") if isinstance(document, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _status_detail(status: int, body: bytes, meaning: str = "") -> str:
     text = body.decode("utf-8", errors="replace").strip()
-    return detail(f"{status}: {text}" if text else str(status))
+    said = f"{status}: {text}" if text else str(status)
+    return detail(f"{meaning}: {said}" if meaning else said)
 
 
 def _excerpt(body: bytes, size: int = 120) -> str:
@@ -448,16 +722,29 @@ def detail(text: str) -> str:
 # --- waits ----------------------------------------------------------------------------
 
 
-def interrupted(definition: Definition, step_id: str, now: datetime) -> Transition:
-    """A call was dispatched but its holder stopped before recording what came back."""
+def interrupted(
+    definition: Definition,
+    step_id: str,
+    now: datetime,
+    checks: int = 0,
+    verification: Verification = NO_VERIFICATION,
+    jitter: Callable[[], float] = random.random,
+) -> Transition:
+    """A call was dispatched but its holder stopped before recording what came back: a
+    read is sent again; a mutation's product is asked what became of it where it can
+    say, while ``verification`` allows; else the run is held."""
     operation = definition.operations[step_id]
     if operation.effect is Effect.READ:
         return Retry(now, "the service stopped while this read was in flight; reading again")
-    return Held(
-        HoldCode.DISPATCH_INTERRUPTED,
+    why = (
         f"the service stopped after dispatching {operation.product}/{operation.name} and "
-        "before recording its answer; whether the product acted is unknown",
+        "before recording its answer; whether the product acted is unknown"
     )
+    if verifiable(operation):
+        at = verification.next(checks, now, jitter)
+        if at is not None:
+            return Verify(at, why)
+    return Held(HoldCode.DISPATCH_INTERRUPTED, why + _asked(operation, checks))
 
 
 def result_arrived(definition: Definition, step_id: str, body: JSON) -> Advance | None:
@@ -474,9 +761,30 @@ def result_arrived(definition: Definition, step_id: str, body: JSON) -> Advance 
     return Advance(step.next, "next", body, True)
 
 
-def fetched(definition: Definition, step_id: str, reply: Reply) -> Advance | None:
-    """The product's answer to a result fetch: go on if it is a valid, final result."""
-    if reply.kind is not ReplyKind.RESPONSE or reply.status is None or reply.status // 100 != 2:
+def fetched(definition: Definition, step_id: str, reply: Reply) -> Transition | None:
+    """The product's answer to a result fetch: go on if it is a valid, final result; end
+    the wait as the result's descriptor says when the product says the result will never
+    be readable (concealed: held; expired: failed); otherwise (pending, not final, not
+    usable, no answer) None: keep waiting."""
+    if reply.kind is not ReplyKind.RESPONSE or reply.status is None:
+        return None
+    result = definition.results[step_id]
+    if reply.status in result.pending:
+        return None
+    gone = result.vanished(reply.status)
+    if gone is Gone.CONCEALED:
+        return Held(
+            HoldCode.RESULT_CONCEALED,
+            f"{result.product} answered {reply.status} for {result.name}: it has no result "
+            "for this key that Coordinator's identity may see",
+        )
+    if gone is Gone.EXPIRED:
+        return Failed(
+            FailureCode.RESULT_EXPIRED,
+            f"{result.product} answered {reply.status} for {result.name}: the result is no "
+            "longer retained",
+        )
+    if not result.fetch.succeeded(reply.status):
         return None
     try:
         body = strict_json(reply.body)
