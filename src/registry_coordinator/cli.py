@@ -192,14 +192,15 @@ def _service_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
         action="append",
         default=[],
         metavar="NAME=URL",
-        help="where a product sends its signed result webhooks",
+        help="where a product pushes what it completes (casework: its review.completed "
+        "destination; Messaging pushes nothing)",
     )
     stand_ins.add_argument(
         "--delivery-delay",
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="how long Messaging takes to deliver a message",
+        help="how long Messaging's provider takes to deliver a message (negative: never)",
     )
     stand_ins.add_argument(
         "--issuer",
@@ -276,15 +277,16 @@ def _tutorial_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
 
     review = commands.add_parser(
-        "review", help="decide a review as the stand-in Casework's reviewer"
+        "review", help="decide a review as a staff member of the stand-in Casework"
     )
-    review.add_argument("request", help="the review request id, e.g. rev-1")
-    review.add_argument("decision", choices=["approved", "rejected", "changes_requested"])
+    review.add_argument("request", help="the review request's id (a UUID)")
+    review.add_argument("decision", choices=["approve", "reject", "changes-requested", "answer"])
     review.add_argument(
         "--casework", required=True, metavar="URL", help="the stand-in Casework's base URL"
     )
-    review.add_argument("--reviewer", default="reviewer")
-    review.add_argument("--comment")
+    review.add_argument(
+        "--outcome", metavar="ID", help="the decision's outcome (all but approve name one)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -910,7 +912,9 @@ def _stand_ins(args: argparse.Namespace) -> int:
     from registry_coordinator.devtools.standins import (
         IDP,
         PRODUCTS,
+        PUSHING,
         Client,
+        Tokens,
         Webhook,
         serve_stand_ins,
     )
@@ -955,12 +959,21 @@ def _stand_ins(args: argparse.Namespace) -> int:
         require_free("127.0.0.1", port, f"--product {name}={port}", "give another port")
     if args.issuer is not None:
         require_free("127.0.0.1", args.issuer, f"--issuer {args.issuer}", "give another port")
-    token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
+    tokens = Tokens(
+        os.environ.get("STANDIN_TOKEN", "stand-in-token"),
+        os.environ.get("STANDIN_STAFF_TOKEN", "stand-in-staff-token"),
+    )
     secret = os.environ.get("STANDIN_WEBHOOK_SECRET", "stand-in-webhook-secret")
-    hooks = {
-        name: Webhook(url, secret, args.delivery_delay)
-        for name, url in pairs(args.webhook, "--webhook").items()
-    }
+    hooks = {}
+    for name, url in pairs(args.webhook, "--webhook").items():
+        if name not in PUSHING:
+            print(
+                f"coordinator stand-ins: --webhook {name}={url}: {name} pushes nothing "
+                f"(Coordinator reads what it needs); only {', '.join(PUSHING)} pushes",
+                file=sys.stderr,
+            )
+            return ExitCode.USAGE
+        hooks[name] = Webhook(url, secret)
     # The IdP's one client, Coordinator: a secret, or a public key to check its JWTs.
     key_file = os.environ.get("STANDIN_CLIENT_PUBLIC_KEY")
     client = Client(
@@ -988,7 +1001,9 @@ def _stand_ins(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            urls = await nursery.start(serve_stand_ins, ports, token, hooks, "127.0.0.1", client)
+            urls = await nursery.start(
+                serve_stand_ins, ports, tokens, hooks, "127.0.0.1", client, args.delivery_delay
+            )
             if issuer is not None:
                 urls["issuer"] = await nursery.start(issuer.serve)
             for name, url in urls.items():
@@ -1034,25 +1049,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
-    import httpx
+    from registry_coordinator.devtools.reviewer import decide
 
-    token = os.environ.get("STANDIN_TOKEN", "stand-in-token")
-    try:
-        response = httpx.post(
-            f"{args.casework}/v1/review-requests/{args.request}/decision",
-            headers={"Authorization": f"Bearer {token}"},
-            json={"decision": args.decision, "reviewer": args.reviewer, "comment": args.comment},
-            timeout=10,
-        )
-    except httpx.HTTPError as exc:
-        print(f"coordinator review: {args.casework} is unavailable: {exc}", file=sys.stderr)
-        return ExitCode.UNAVAILABLE
-    if response.status_code != 200:
-        print(
-            f"coordinator review: refused ({response.status_code}): {response.text}",
-            file=sys.stderr,
-        )
-        return ExitCode.INVALID
+    token = os.environ.get("STANDIN_STAFF_TOKEN", "stand-in-staff-token")
+    decide(args.casework, args.request, args.decision, token, args.outcome)
     print(f"review {args.request}: {args.decision}")
     return ExitCode.OK
 

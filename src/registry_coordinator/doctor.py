@@ -23,6 +23,7 @@ import httpx
 import trio
 
 from registry_coordinator.addresses import PortInUse, require_free
+from registry_coordinator.engine import destinations
 from registry_coordinator.engine.calls import open_products
 from registry_coordinator.engine.config import Config
 from registry_coordinator.engine.database import Database
@@ -147,26 +148,55 @@ async def _products(config: Config, found: Findings) -> None:
     async with open_products(config.connections) as (products, client):
         for name, product in sorted(products.items()):
             where = f"connection {name} ({product.config.product}, {product.config.base_url})"
-            try:
-                answer = await product.client.get(product.config.base_url + "/")
-                found.ok(f"{where}: reachable (HTTP {answer.status_code})")
-            except httpx.HTTPError as exc:
-                repair = "is it up, is baseUrl right, and is its TLS certificate valid?"
-                found.unreachable(f"{where}: {type(exc).__name__}: {exc}", repair)
+            if product.config.external is not None:
+                # Nothing but a reviewed path is ever read from an external service: its
+                # host is only resolved and judged, as before each read.
+                if not await _destination(product.config.base_url, where, found):
+                    continue
+            else:
+                try:
+                    answer = await product.client.get(product.config.base_url + "/")
+                    found.ok(f"{where}: reachable (HTTP {answer.status_code})")
+                except httpx.HTTPError as exc:
+                    repair = "is it up, is baseUrl right, and is its TLS certificate valid?"
+                    found.unreachable(f"{where}: {type(exc).__name__}: {exc}", repair)
+                    continue
+            if product.config.identity is None:
+                found.ok(f"connection {name}: a public read, with no identity")
                 continue
-            try:
-                await product.credentials.authorization()
-                found.ok(f"connection {name}: its identity has a token")
-            except IdentityRefused as exc:
-                found.refuse(f"connection {name}: identity refused: {exc}", "check its credentials")
-            except IdentityUnavailable as exc:
-                found.unreachable(f"connection {name}: no token: {exc}", "is the issuer up?")
+            identities = [("identity", product.credentials)]
+            if product.observer is not product.credentials:
+                identities.append(("observationIdentity", product.observer))
+            for what, credentials in identities:
+                try:
+                    await credentials.authorization()
+                    found.ok(f"connection {name}: its {what} has a token")
+                except IdentityRefused as exc:
+                    found.refuse(
+                        f"connection {name}: {what} refused: {exc}", "check its credentials"
+                    )
+                except IdentityUnavailable as exc:
+                    found.unreachable(f"connection {name}: no token: {exc}", "is the issuer up?")
         if config.auth.mode == "jwt":
             keys = await KeySet(config.auth, client).check()
             if keys["ok"]:
                 found.ok(f"auth: {keys['detail']}")
             else:
                 found.unreachable(f"auth: {keys['detail']}", "check auth.jwksFile or jwksUrl")
+
+
+async def _destination(url: str, where: str, found: Findings) -> bool:
+    """Whether an external connection's host resolves where reads may go."""
+    try:
+        refused = await destinations.refusal(url)
+    except destinations.Unresolved as exc:
+        found.unreachable(f"{where}: {exc}", "is baseUrl's host name right, and is DNS up?")
+        return False
+    if refused is not None:
+        found.refuse(f"{where}: {refused}", "point baseUrl at the reviewed service's address")
+        return False
+    found.ok(f"{where}: resolves where external reads may go")
+    return True
 
 
 def doctor(path: Path) -> int:

@@ -40,7 +40,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from registry_coordinator.engine import faults, store, tracing
+from registry_coordinator.engine import faults, feeds, store, tracing
 from registry_coordinator.engine.calls import Product, open_products
 from registry_coordinator.engine.checkpoints import Checkpointer
 from registry_coordinator.engine.config import Config
@@ -190,6 +190,8 @@ async def _supervise(
             await nursery.start(engine.calls.run)
             await nursery.start(engine.keep_leases)
             await nursery.start(engine.run)
+            for follower in feeds.followers(db, products, timer):
+                await nursery.start(follower.run)
             await nursery.start(checkpointer.run)
             await nursery.start(Archiver(db, config.retention, checkpointer, metrics).run)
             await nursery.start(auth.run)  # the key set is read once before callers are served

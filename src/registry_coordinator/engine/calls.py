@@ -46,24 +46,31 @@ import httpx
 import trio
 
 from registry_coordinator import __version__
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.catalog import Operation
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.workflow import Call, WaitFor
-from registry_coordinator.engine import logs, statements, store, tracing
+from registry_coordinator.engine import destinations, logs, statements, store, tracing
 from registry_coordinator.engine.backoff import ANSWER_RECORDING
 from registry_coordinator.engine.config import ConnectionConfig
 from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
 from registry_coordinator.engine.identity import (
     Credentials,
+    Grant,
     IdentityRefused,
     IdentityUnavailable,
+    TaskGrants,
     credentials,
+    task_grants,
 )
 from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.engine.preparation import Prepared, Preparer
 from registry_coordinator.engine.timers import Timer
-from registry_coordinator.semantics.codes import HoldCode
+from registry_coordinator.semantics.codes import FailureCode, HoldCode
 from registry_coordinator.semantics.steps import (
+    Check,
+    Failed,
     Fetch,
     Held,
     Reply,
@@ -71,8 +78,11 @@ from registry_coordinator.semantics.steps import (
     Request,
     Retry,
     Transition,
+    backoff,
+    bind,
     build_receipt_request,
     build_request,
+    checked,
     detail,
     fetched,
     settle,
@@ -147,6 +157,14 @@ class Product:
             },
         )
         self.credentials: Credentials = credentials(config.identity, token_client)
+        #: Tokens had under Casework's task authority, if the connection has it.
+        self.grants: TaskGrants | None = task_grants(config.identity, token_client)
+        #: The read-only identity receipt lookups are made with.
+        self.observer: Credentials = (
+            credentials(config.observation, token_client)
+            if config.observation is not None
+            else self.credentials
+        )
         #: Where its receipt lookups are timed (the service's; none for doctor's checks).
         self.metrics = metrics
 
@@ -182,12 +200,24 @@ class Product:
         estimate = max(1.0, self.queued * self.latency / self.config.pool_size)
         return timedelta(seconds=estimate * (1 + jitter()))
 
-    async def authorize(self) -> str | Reply:
-        """The Authorization header for the next request; or, when none could be had, the
-        Reply of a request that never left: not sent (the token endpoint is unreachable),
-        or refused (the token endpoint refused Coordinator's credentials: 401)."""
+    async def authorize(self, *, observing: bool = False, grant: JSON = None) -> str | Reply:
+        """The Authorization header for the next request (``observing``: of the read-only
+        identity receipt lookups are made with; ``grant``: under Casework's task
+        authority, for the task grant named); or, when none could be had, the Reply of a
+        request that never left: not sent (the token endpoint, or Casework, is
+        unreachable), or refused (either refused Coordinator's credentials: 401)."""
         try:
-            return await self.credentials.authorization()
+            if grant is not None and self.grants is not None and not observing:
+                assert isinstance(grant, dict)
+                return await self.grants.authorization(Grant(grant["id"], grant["expiresAt"]))
+            credentials = self.observer if observing else self.credentials
+            if self.config.external is None:
+                return await credentials.authorization()
+            # An external read's attempt is bounded as a whole, its token included.
+            with trio.move_on_after(self.config.request_timeout.total_seconds()):
+                return await credentials.authorization()
+            within = format_duration(self.config.request_timeout)
+            return Reply(ReplyKind.NOT_SENT, detail=f"no token within requestTimeout {within}")
         except IdentityUnavailable as exc:
             return Reply(ReplyKind.NOT_SENT, detail=str(exc))
         except IdentityRefused as exc:
@@ -208,27 +238,38 @@ class Product:
         """
         sending = sending or Sending()
         sending.begun = True
-        headers = {"Authorization": authorization, **trace}
+        headers = {**dict(request.headers), **trace}
+        if authorization:
+            headers["Authorization"] = authorization
         if request.idempotency_key is not None:
             headers["Idempotency-Key"] = request.idempotency_key
         if request.body is not None:
             headers["Content-Type"] = "application/json"
         started = trio.current_time()
+        # An external read is bounded as a whole; a product's call by httpx's timeouts.
+        bound = self.config.request_timeout.total_seconds() if self.config.external else None
         try:
-            async with self.client.stream(
-                request.method,
-                url,
-                content=request.body,
-                headers=headers,
-                extensions={"trace": sending.trace},
-            ) as response:
-                body = await self._read(response)
-                retry_after = _retry_after(response.headers.get("Retry-After"))
-                reply = Reply(ReplyKind.RESPONSE, response.status_code, body, retry_after)
+            with trio.move_on_after(bound if bound is not None else float("inf")) as attempt:
+                async with self.client.stream(
+                    request.method,
+                    url,
+                    content=request.body,
+                    headers=headers,
+                    extensions={"trace": sending.trace},
+                ) as response:
+                    body, exceeded = await self._read(response)
+                    retry_after = _retry_after(response.headers.get("Retry-After"))
+                    reply = Reply(
+                        ReplyKind.RESPONSE, response.status_code, body, retry_after, "", exceeded
+                    )
         except httpx.HTTPError as exc:
             refused = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
             kind = ReplyKind.NOT_SENT if refused or sending.never_left else ReplyKind.LOST
             return Reply(kind, detail=self._trouble(exc))
+        if attempt.cancelled_caught:
+            kind = ReplyKind.NOT_SENT if sending.never_left else ReplyKind.LOST
+            within = format_duration(self.config.request_timeout)
+            return Reply(kind, detail=f"no answer within requestTimeout {within}")
         self.latency = 0.8 * self.latency + 0.2 * (trio.current_time() - started)
         return reply
 
@@ -237,11 +278,14 @@ class Product:
         request: Request,
         observe: Observe | None = None,
         trace: Mapping[str, str] = tracing.NO_HEADERS,
+        *,
+        observing: bool = False,
     ) -> Reply:
-        """Authorize and send a read (a result fetch, a receipt lookup); ``observe`` is
-        told its result and how long the sending took (not a read that never had a
-        token: it was not sent, as a call that never had one is not timed either)."""
-        authorization = await self.authorize()
+        """Authorize and send a read (a result fetch, a feed page, a receipt lookup: with
+        ``observing``, as the read-only identity); ``observe`` is told its result and how
+        long the sending took (not a read that never had a token: it was not sent, as a
+        call that never had one is not timed either)."""
+        authorization = await self.authorize(observing=observing)
         if isinstance(authorization, Reply):
             return authorization
         started = trio.current_time()
@@ -250,34 +294,77 @@ class Product:
             observe(_result_class(reply), trio.current_time() - started)
         return reply
 
-    async def look_up_receipt(self, operation: Operation, key: str) -> tuple[Reply, str]:
-        """Ask the product for its record of the original idempotency ``key`` of a call of
-        ``operation`` (reconcile), with a slot of the pool; its answer and the URL asked,
-        for the history. Timed as ``coordinator_receipt_lookup_duration_seconds``."""
-        lookup = build_receipt_request(operation, key)
+    async def look_up_receipt(
+        self, operation: Operation, sealed: Request, trace: Mapping[str, str] = tracing.NO_HEADERS
+    ) -> tuple[Reply, str]:
+        """Ask the product for its record of the original idempotency key of a sealed call
+        of ``operation`` (reconcile, and the engine's own checks), as the read-only
+        identity with a slot of the pool; its answer and the URL asked, for the history.
+        Timed as ``coordinator_receipt_lookup_duration_seconds``."""
+        lookup = build_receipt_request(operation, sealed)
         metrics = self.metrics
         observe = None
         if metrics is not None:
             observe = partial(metrics.looked_up, self.config.name, operation.name)
         async with self.limiter:
-            reply = await self.read(lookup, observe)
+            reply = await self.read(lookup, observe, trace, observing=True)
         return reply, self.url(lookup.target)
 
-    async def _read(self, response: httpx.Response) -> bytes:
+    async def _read(self, response: httpx.Response) -> tuple[bytes, bool]:
+        """The answer's body, and whether it exceeded the connection's limit: refused, not
+        truncated (the body is then empty), as a cut JSON body is no answer."""
         limit = self.config.response_limit
         chunks, size = [], 0
         async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > limit:
-                # Refused, not truncated: a cut JSON body is no answer. An empty body
-                # fails the response schema, so this is an invalid response.
-                return b""
+                return b"", True
             chunks.append(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks), False
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             await self.client.aclose()
+
+
+def _authority_problem(operation: Operation, product: Product, grant: JSON) -> Failed | None:
+    """Why a call cannot be sent under the authority it names: a grant for a connection
+    without Casework's task authority, or none for one with it (nothing is sent)."""
+    name = f"{operation.product}/{operation.name}"
+    if product.grants is None:
+        if grant is None:
+            return None
+        why = (
+            f"{name} names a task grant, but connection {product.config.name} has no taskAuthority"
+        )
+        return Failed(FailureCode.REQUEST_INVALID, why)
+    if operation.grant is None or grant is not None:
+        return None
+    why = (
+        f"connection {product.config.name} runs {name} under Casework's task authority: "
+        "name the approval in the step's input, as grant: {id, expiresAt}"
+    )
+    return Failed(FailureCode.REQUEST_INVALID, why)
+
+
+async def _external_refusal(product: Product, request: Request, url: str) -> Failed | Reply | None:
+    """Why an external read may not be sent, judged before its token is asked for: a path
+    or query the connection's review does not allow, or a host that resolves where no
+    read may go (failed, nothing sent); or a host that does not resolve now (not sent)."""
+    reviewed = product.config.external
+    assert reviewed is not None  # an external operation is bound to an external connection
+    # A read sent again is the sealed one, to the URL it was sealed for: judged anew, as
+    # the review may have changed since (its base URL included).
+    base = product.config.base_url
+    within = url.startswith(base + "/")
+    why = reviewed.refusal(url.removeprefix(base)) if within else f"{url} is not under {base}"
+    if why is not None:
+        return Failed(FailureCode.EXTERNAL_INVALID_COMMAND, why)
+    try:
+        why = await destinations.refusal(url)
+    except destinations.Unresolved as exc:
+        return Reply(ReplyKind.NOT_SENT, detail=str(exc))
+    return Failed(FailureCode.EXTERNAL_DESTINATION_REFUSED, why) if why is not None else None
 
 
 def _result_class(reply: Reply) -> str:
@@ -337,11 +424,13 @@ class Calls:
         return self.products[step.connection]
 
     def poll(self, definition: Definition, step_id: str) -> timedelta | None:
-        """How often a run waiting at ``step_id`` reads its result without a delivery."""
+        """When a run that begins to wait at ``step_id`` first reads its result without a
+        delivery: soon for a result that only a read tells, else at the slow poll."""
         step = definition.step(step_id)
         if not isinstance(step, WaitFor):
             return None
-        return self.products[step.connection].config.result_poll
+        result = definition.results[step_id]
+        return self.products[step.connection].config.read_schedule(0, result.read_only)
 
     def submit(self, definition: Definition, run: store.Claimed, request: Request) -> None:
         """Hand a claimed run at a call step to its connection's pool; returns at once."""
@@ -350,6 +439,11 @@ class Calls:
     def fetch(self, definition: Definition, run: store.Claimed, fetch: Fetch) -> None:
         """Hand a claimed waiting run to its connection's pool to read its result."""
         self._spawn(self._fetch(definition, run, fetch), run, definition)
+
+    def check(self, definition: Definition, run: store.Claimed, check: Check) -> None:
+        """Hand a claimed run whose call's outcome is unknown to its connection's pool, to
+        ask the product for its receipt of the call's original key."""
+        self._spawn(self._check(definition, run, check), run, definition)
 
     def _spawn(
         self, job: Coroutine[Any, Any, None], run: store.Claimed, definition: Definition
@@ -395,36 +489,77 @@ class Calls:
         product = self.connection(definition, run.step)
         sending = Sending()
         dispatched = False
+        stopped: Transition | None = None  # a command that could not be prepared
         try:
             async with product.limiter:
-                # A resend (an automatic retry, or an operator's retry-same) sends the bytes
-                # sealed on the first sending, never a rebuilt request.
+                # A resend (an automatic retry, an asking by the identical request, or an
+                # operator's retry-same) sends the bytes sealed on the first sending,
+                # never a rebuilt request.
                 sealed = await store.sealed_request(self.db, run) if run.attempt else None
-                request, url = sealed or (request, product.url(request.target))
-                authorization = await product.authorize()
-                if isinstance(authorization, Reply):
+                operation = definition.operations[run.step]
+                if sealed is None:
+                    request = bind(operation, request, product.config.parameters)
+                    url = product.url(request.target)
+                else:
+                    grant = (sealed.prepared or {}).get("grant")
+                    request, url = replace(sealed.request, grant=grant), sealed.url
+                refused: Failed | Reply | None = _authority_problem(
+                    operation, product, request.grant
+                )
+                if refused is None and operation.external:
+                    refused = await _external_refusal(product, request, url)
+                authorization = (
+                    refused if refused is not None else await product.authorize(grant=request.grant)
+                )
+                if isinstance(authorization, Failed):
+                    stopped = authorization
+                elif isinstance(authorization, Reply):
                     # Nothing was sealed or sent; the try counts, for the next one's backoff.
                     run = replace(run, attempt=run.attempt + 1)
                     reply = authorization
                 else:
-                    with trio.CancelScope(shield=True):  # know whether it was sealed
-                        run = await self._dispatch_persistently(run, request, url)
-                    dispatched = True
-                    await trio.lowlevel.checkpoint_if_cancelled()
-                    step = definition.step(run.step)
-                    assert isinstance(step, Call)  # only a call step sends a request
-                    started = trio.current_time()
-                    name = product.config.name
-                    with tracing.call(run, name, step.operation, request.method, url) as traced:
-                        reply = await product.send(
-                            request, url, authorization, sending, traced.headers
+                    ready = await self._ready(
+                        definition, run, product, authorization, request, sealed
+                    )
+                    if isinstance(ready, Prepared | Request):
+                        request, prepared = (
+                            (ready.request, ready.binding)
+                            if isinstance(ready, Prepared)
+                            else (ready, None)
                         )
-                        traced.answered(reply)
-                    self.metrics.calls.labels(
-                        product.config.name, step.operation, _result_class(reply)
-                    ).observe(trio.current_time() - started)
+                        if request.grant is not None:  # sealed with it, to be proved again
+                            prepared = {**(prepared or {}), "grant": request.grant}
+                        with trio.CancelScope(shield=True):  # know whether it was sealed
+                            run = await self._dispatch_persistently(run, request, url, prepared)
+                        dispatched = True
+                        await trio.lowlevel.checkpoint_if_cancelled()
+                        step = definition.step(run.step)
+                        assert isinstance(step, Call)  # only a call step sends a request
+                        started = trio.current_time()
+                        name = product.config.name
+                        with tracing.call(run, name, step.operation, request.method, url) as traced:
+                            reply = await product.send(
+                                request, url, authorization, sending, traced.headers
+                            )
+                            traced.answered(reply)
+                        self.metrics.calls.labels(
+                            product.config.name, step.operation, _result_class(reply)
+                        ).observe(trio.current_time() - started)
+                    else:
+                        stopped = ready
+            if stopped is not None:
+                with trio.CancelScope(shield=True):  # nothing was sent: the run moves on
+                    if isinstance(stopped, Retry):
+                        run = replace(run, attempt=run.attempt + 1)  # for the next backoff
+                    done = await store.commit(
+                        self.db, definition, run, stopped, self.lease, go_on=True
+                    )
+                    self._committed(definition, done, run)
+                await self._go_on(definition, done)
+                return
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
-                committed = await self._settle_persistently(definition, run, reply)
+                uncertain = sealed is not None and sealed.uncertain
+                committed = await self._settle_persistently(definition, run, reply, uncertain)
         except store.LeaseLost:
             log.warning("lost the lease before the call was recorded", extra={"run": run.id})
             return
@@ -457,11 +592,13 @@ class Calls:
         step = definition.step(run.step)
         assert isinstance(step, WaitFor)
         product = self.products[step.connection]
-        poll = product.config.result_poll
+        # The read after this one, if it finds no final result: the schedule counts reads.
+        poll = product.config.read_schedule(run.attempt + 1, fetch.result.read_only)
         lookup = fetch.result.fetch
         try:
             async with product.limiter:
                 request = build_request(lookup, {fetch.result.fetch_input: fetch.key}, None)
+                request = bind(lookup, request, product.config.parameters)
                 observe = partial(self.metrics.result_fetched, product.config.name, lookup.name)
                 url = product.url(request.target)
                 name = product.config.name
@@ -469,17 +606,15 @@ class Calls:
                     reply = await product.read(request, observe, traced.headers)
                     traced.answered(reply)
             with trio.CancelScope(shield=True):
-                advance = fetched(definition, run.step, reply)
+                ends = fetched(definition, run.step, reply)
                 committed = None
-                if advance is not None:
-                    assert reply.status is not None  # only a 2xx answer is a result
+                if ends is not None:
+                    assert reply.status is not None  # only an answer ends a wait
                     read = statements.result_read(url, reply.status, fetch.key)
                     committed = await store.commit(
-                        self.db, definition, run, advance, self.lease, read=read, go_on=True
+                        self.db, definition, run, ends, self.lease, read=read, go_on=True
                     )
-                    self.metrics.committed(definition, committed)
-                    logs.transitions(committed, run.id)
-                    tracing.committed(definition, committed, run.attempt)
+                    self._committed(definition, committed, run)
                     self.metrics.resumed(step.connection, step.result_name, fetch.key)
                 else:
                     polled = statements.result_polled(url, reply)
@@ -496,14 +631,98 @@ class Calls:
             product.queued -= 1
         await self._go_on(definition, committed)  # as after a call: outside the handler
 
+    async def _check(self, definition: Definition, run: store.Claimed, check: Check) -> None:
+        """Ask for the receipt of the run's sealed call, and record what it says: the step
+        completed with a confirming receipt, else asked again later or held
+        (``steps.checked``), after a ``receipt-looked-up`` event saying what was asked and
+        what came back."""
+        step = definition.step(run.step)
+        assert isinstance(step, Call)
+        product = self.products[step.connection]
+        operation = check.operation
+        try:
+            found = await store.sealed_request(self.db, run)
+            if found is None:  # a run is asked about only after its call was sealed
+                raise store.NothingSealed(f"{run.id} at {run.step} asked about an unsent call")
+            sealed = found.request
+            receipt = operation.receipt
+            assert receipt is not None
+            target = product.url(receipt.path)
+            name = f"{operation.name} receipt"
+            with tracing.call(run, product.config.name, name, receipt.method, target) as traced:
+                reply, url = await product.look_up_receipt(operation, sealed, traced.headers)
+                traced.answered(reply)
+            with trio.CancelScope(shield=True):
+                verification = product.config.verification
+                now = run.now()
+                transition = checked(definition, run.step, reply, run.checks, now, verification)
+                looked = statements.receipt_looked_up(url, reply, run.checks)
+                committed = await store.commit(
+                    self.db, definition, run, transition, self.lease, read=looked, go_on=True
+                )
+                self._committed(definition, committed, run)
+        except store.LeaseLost:
+            log.warning("lost the lease while asking for a receipt", extra={"run": run.id})
+            return
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await store.release(self.db, run, run.now())
+            raise
+        finally:
+            product.queued -= 1
+        await self._go_on(definition, committed)
+
+    def _committed(
+        self, definition: Definition, committed: store.Committed, run: store.Claimed
+    ) -> None:
+        """What follows a commit made by a pool's task: metrics, the log of a held or
+        failed run, spans, and the timer told of a step that is due again later."""
+        self.metrics.committed(definition, committed)
+        logs.transitions(committed, run.id)
+        tracing.committed(definition, committed, run.attempt)
+        if committed.due_at is not None and not committed.held:
+            self.timer.scheduled((committed.due_at - committed.run.now()).total_seconds())
+
     async def _go_on(self, definition: Definition, committed: store.Committed | None) -> None:
         """Take the run's next steps now if its call or read completed its step."""
         if committed is None or not committed.held:
             return
         await self.proceed(definition, committed.run, committed.ahead)
 
+    async def _ready(
+        self,
+        definition: Definition,
+        run: store.Claimed,
+        product: Product,
+        authorization: str,
+        request: Request,
+        sealed: store.Sealed | None,
+    ) -> Request | Prepared | Transition:
+        """The request to seal or send again, as it stands once a command its descriptor
+        says is prepared has been (:mod:`engine.preparation`: its first sending), or
+        checked against what it was prepared under (a resend); or, when it cannot be,
+        what becomes of the run, with nothing sealed or sent."""
+        operation = definition.operations[run.step]
+        if operation.prepare is None or (sealed is not None and sealed.prepared is None):
+            return request
+
+        async def send(read: Request) -> Reply:
+            return await product.send(read, product.url(read.target), authorization)
+
+        preparer = Preparer(
+            operation, product.config.parameters, send, run.now() + backoff(run.attempt + 1)
+        )
+        if sealed is None:
+            return await preparer.prepare(request)
+        assert sealed.prepared is not None
+        return await preparer.recheck(request, sealed.prepared) or request
+
     async def _dispatch_persistently(
-        self, run: store.Claimed, request: Request, url: str
+        self,
+        run: store.Claimed,
+        request: Request,
+        url: str,
+        prepared: dict[str, JSON] | None = None,
     ) -> store.Claimed:
         """Seal the request, waiting out a database outage (the lease is kept meanwhile).
         A sealing whose reply the outage hid is looked up before it is sent again: if it
@@ -518,7 +737,7 @@ class Calls:
                     sealed = await store.sealed_meanwhile(self.db, run)
                     if sealed is not None:
                         return sealed
-                return await store.dispatch(self.db, run, request, url)
+                return await store.dispatch(self.db, run, request, url, prepared)
             except Unavailable as exc:
                 if self._stopping:
                     raise
@@ -529,14 +748,15 @@ class Calls:
             await trio.sleep(ANSWER_RECORDING.pause(outages))
 
     async def _settle_persistently(
-        self, definition: Definition, run: store.Claimed, reply: Reply
+        self, definition: Definition, run: store.Claimed, reply: Reply, uncertain: bool = False
     ) -> store.Committed | None:
         """Record a call's answer, waiting out a database outage (the lease is kept
         meanwhile): an answer in hand must not become an unknown outcome. If the database
         refuses to store it, the run is held (engine-defect), the answer's bytes kept on
         the call's execution. If the claim was lost meanwhile, the answer is kept as late
-        evidence. At shutdown the wait ends, and the run is taken up later as interrupted."""
-        transition = settle(definition, run.step, reply, run.attempt, run.now())
+        evidence. At shutdown the wait ends, and the run is taken up later as interrupted.
+        ``uncertain``: an earlier sending of the same request may have taken effect."""
+        transition = self._settlement(definition, run, reply, uncertain)
         outages = 0  # in a row; a refused answer is recorded again at once, as a hold
         while True:
             try:
@@ -570,7 +790,7 @@ class Calls:
     ) -> store.Committed:
         """Record one answer (or why there was none) and the transition it leads to."""
         if transition is None:
-            transition = settle(definition, run.step, reply, run.attempt, run.now())
+            transition = self._settlement(definition, run, reply)
         settlement = None
         if run.dispatched:
             outcome = reply.kind.value if reply.kind is not ReplyKind.RESPONSE else "response"
@@ -588,12 +808,26 @@ class Calls:
             no_answer=reply.detail,
             go_on=True,
         )
-        self.metrics.committed(definition, committed)
-        logs.transitions(committed, run.id)
-        tracing.committed(definition, committed, run.attempt)
-        if isinstance(transition, Retry) and committed.due_at is not None:
-            self.timer.scheduled((committed.due_at - committed.run.now()).total_seconds())
+        self._committed(definition, committed, run)
         return committed
+
+    def _settlement(
+        self, definition: Definition, run: store.Claimed, reply: Reply, uncertain: bool = False
+    ) -> Transition:
+        """What a call's reply leads to, with what its connection allows of asking the
+        product about an unknown outcome, and (an external read) what it reviewed."""
+        config = self.connection(definition, run.step).config
+        return settle(
+            definition,
+            run.step,
+            reply,
+            run.attempt,
+            run.now(),
+            checks=run.checks,
+            verification=config.verification,
+            reviewed=config.external,
+            uncertain=uncertain,
+        )
 
 
 @asynccontextmanager

@@ -40,7 +40,8 @@ class Claimed:
     state: RunState
     step: str
     seq: int
-    attempt: int
+    attempt: int  # sendings of the current call step; reads of the current wait-for
+    checks: int  # askings of the product about the current call's unknown outcome
     timer_at: datetime | None
     outputs: dict[str, JSON]
     completed: dict[str, datetime]
@@ -63,6 +64,7 @@ class Claimed:
             step=row["step"],
             seq=row["seq"],
             attempt=row["attempt"],
+            checks=row["checks"],
             timer_at=row["timer_at"],
             outputs=row["outputs"],
             completed={k: parse_instant(v) for k, v in row["completed"].items()},

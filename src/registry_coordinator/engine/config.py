@@ -19,7 +19,9 @@ database layer.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +39,17 @@ from registry_coordinator.authoring.fields import Reader, describe
 from registry_coordinator.authoring.source import DataPath, SourceMap, load_yaml, read_source
 from registry_coordinator.authoring.workflow import NAME
 from registry_coordinator.semantics.checkpoints import UnusableKey, signing_key
+from registry_coordinator.semantics.external import (
+    MOST,
+    PATH,
+    QUERY_NAME,
+    Reviewed,
+    schema_problem,
+)
+from registry_coordinator.semantics.steps import Verification
+
+#: The product kind of a reviewed external HTTP connection (:mod:`semantics.external`).
+EXTERNAL = "external-http"
 
 
 def has_password(dsn: str) -> bool:
@@ -77,8 +90,23 @@ class Bearer:
 
 
 @dataclass(frozen=True)
+class TaskAuthority:
+    """Casework as the authority a connection's calls run under when a person approved a
+    task grant for them: Coordinator proves itself to Casework (a bootstrap token for
+    ``bootstrap_resource``), has Casework assert the grant, and exchanges the assertion
+    at the token endpoint (RFC 8693) for a token of the connection's resource."""
+
+    base_url: str  # Casework's
+    issuer: str  # the assertion's iss
+    subject: str  # its sub: the agent principal the grant names
+    exchange_audience: str  # its aud: the token endpoint that exchanges it
+    bootstrap_resource: str  # the resource of the token Casework is asked with
+
+
+@dataclass(frozen=True)
 class ClientCredentials:
-    """OAuth 2 client credentials, authenticated by a secret or a private-key JWT."""
+    """OAuth 2 client credentials, authenticated by a secret or a private-key JWT, for a
+    token meant for one resource (RFC 8707), as the products' token endpoints issue them."""
 
     token_url: str
     client_id: str
@@ -87,10 +115,23 @@ class ClientCredentials:
     key_id: str | None
     algorithm: str
     scopes: tuple[str, ...]
-    audience: str | None
+    resource: str | None  # the RFC 8707 resource indicator asked for
+    assertion_audience: str | None  # the client assertion's aud; None: the token URL
+    task_authority: TaskAuthority | None = None
 
 
 Identity = Bearer | ClientCredentials
+
+
+@dataclass(frozen=True)
+class Completions:
+    """How a product that pushes completion events (Casework's review.completed)
+    authenticates them: the static secret its destination is configured with, presented
+    as a bearer token or in a header of its own, and the recipient binding it names."""
+
+    secret: str = field(repr=False)
+    header: str  # "authorization": Bearer <secret>; any other: the raw secret in it
+    recipient_binding: str | None
 
 
 @dataclass(frozen=True)
@@ -98,7 +139,7 @@ class ConnectionConfig:
     name: str
     product: str
     base_url: str
-    identity: Identity
+    identity: Identity | None  # None: an external connection's public read
     webhook_secret: str | None = field(repr=False)
     pool_size: int
     connect_timeout: timedelta
@@ -106,6 +147,27 @@ class ConnectionConfig:
     response_limit: int
     result_poll: timedelta  # how often a waiting run reads its result if no webhook comes
     path: DataPath
+    #: The connection-bound parameters' values (the catalog's ``parameters``), by name.
+    parameters: dict[str, JSON] = field(default_factory=dict)
+    #: The read-only identity receipt lookups are made with (None: ``identity``).
+    observation: Identity | None = None
+    completions: Completions | None = None
+    verification: Verification = field(default_factory=Verification)
+    #: The first read of a result its product makes known only when read; each later
+    #: read waits twice as long as the one before, up to ``result_poll``.
+    result_poll_first: timedelta = timedelta(seconds=10)
+    feed_poll: timedelta = timedelta(seconds=30)  # how often a result feed is read
+    #: An external connection's review: what may be read, and what its answers must fit.
+    external: Reviewed | None = None
+
+    def read_schedule(self, reads: int, only_read: bool) -> timedelta:
+        """How long after its ``reads``-th read a waiting run reads its result again: a
+        backoff from :attr:`result_poll_first` for a result that only a read tells,
+        else the slow fallback poll behind its product's pushes and feed."""
+        if not only_read:
+            return self.result_poll
+        backoff: timedelta = self.result_poll_first * 2 ** min(reads, 20)
+        return min(self.result_poll, backoff)
 
 
 ACTIONS = ("start", "read", "cancel")
@@ -255,6 +317,8 @@ class ConfigReading:
     #: readably); None when the connections section is not a mapping at all.
     products: dict[str, str | None] | None
     problems: Problems
+    #: The connections that parsed, whatever else is wrong with the file.
+    connections: dict[str, ConnectionConfig] = field(default_factory=dict)
 
 
 def load_config(path: Path) -> Config:
@@ -311,7 +375,7 @@ def read_config(path: Path) -> ConfigReading:
     problems.add("configuration", reader.diagnostics)
     products = _products(root.get("connections", {}))
     if problems:
-        return ConfigReading(None, workflows, products, problems)
+        return ConfigReading(None, workflows, products, problems, connections)
     assert database is not None and engine is not None and auth is not None
     config = Config(
         path,
@@ -328,7 +392,7 @@ def read_config(path: Path) -> ConfigReading:
         retention,
         tracing,
     )
-    return ConfigReading(config, workflows, products, problems)
+    return ConfigReading(config, workflows, products, problems, connections)
 
 
 def _products(value: JSON) -> dict[str, str | None] | None:
@@ -778,6 +842,7 @@ def _duration(
     path: DataPath,
     default: timedelta,
     low: timedelta,
+    high: timedelta | None = None,
 ) -> timedelta:
     if name not in data:
         return default
@@ -789,6 +854,13 @@ def _duration(
             "config.invalid-value",
             f"{name} must be at least {low.total_seconds():g} seconds",
             f"give {name} a longer duration",
+            (*path, name),
+        )
+    if high is not None and value > high:
+        reader.report(
+            "config.invalid-value",
+            f"{name} must be at most {high.total_seconds():g} seconds",
+            f"give {name} a shorter duration",
             (*path, name),
         )
     return value
@@ -840,10 +912,26 @@ def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
         item = reader.mapping(entry, at, what)
         if item is None:
             continue
-        optional = ["webhookSecret", "poolSize", "connectTimeout", "requestTimeout", "resultPoll"]
-        reader.fields(
-            item, at, what, ["product", "baseUrl", "identity"], [*optional, "responseLimit"]
-        )
+        if item.get("product") == EXTERNAL:
+            reviewed = _external_connection(reader, name, item, at, what)
+            if reviewed is not None:
+                found[name] = reviewed
+            continue
+        optional = [
+            "webhookSecret",
+            "poolSize",
+            "connectTimeout",
+            "requestTimeout",
+            "resultPoll",
+            "resultPollFirst",
+            "feedPoll",
+            "responseLimit",
+            "parameters",
+            "observationIdentity",
+            "completions",
+            "verification",
+        ]
+        reader.fields(item, at, what, ["product", "baseUrl", "identity"], optional)
         product = reader.string(item, "product", at, what)
         base_url = reader.string(item, "baseUrl", at, what)
         if base_url is not None and not base_url.startswith(("http://", "https://")):
@@ -855,6 +943,10 @@ def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
             )
             base_url = None
         identity = _identity(reader, item.get("identity"), (*at, "identity"), what)
+        observation = None
+        if "observationIdentity" in item:
+            where = (*at, "observationIdentity")
+            observation = _identity(reader, item["observationIdentity"], where, what)
         webhook = (
             _secret(reader, item, "webhookSecret", at, what) if "webhookSecret" in item else None
         )
@@ -863,9 +955,17 @@ def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
         connect = _duration(reader, item, "connectTimeout", at, timedelta(seconds=5), least)
         request = _duration(reader, item, "requestTimeout", at, timedelta(seconds=30), least)
         limit = _integer(reader, item, "responseLimit", at, 1 << 20, 1024, 64 << 20)
-        poll = _duration(
-            reader, item, "resultPoll", at, timedelta(minutes=10), timedelta(seconds=1)
+        second = timedelta(seconds=1)
+        poll = _duration(reader, item, "resultPoll", at, timedelta(minutes=10), second)
+        first = _duration(reader, item, "resultPollFirst", at, timedelta(seconds=10), second)
+        feed = _duration(reader, item, "feedPoll", at, timedelta(seconds=30), second)
+        parameters = _parameters(reader, item.get("parameters", {}), (*at, "parameters"), what)
+        completions = (
+            _completions(reader, item["completions"], (*at, "completions"), what)
+            if "completions" in item
+            else None
         )
+        verification = _verification(reader, item.get("verification", {}), at, what)
         if product and base_url and identity:
             found[name] = ConnectionConfig(
                 name,
@@ -879,8 +979,194 @@ def _connections(reader: Reader, value: JSON) -> dict[str, ConnectionConfig]:
                 limit,
                 poll,
                 at,
+                parameters,
+                observation,
+                completions,
+                verification,
+                min(first, poll),
+                feed,
             )
     return found
+
+
+def _external_connection(
+    reader: Reader, name: str, item: dict[str, JSON], at: DataPath, what: str
+) -> ConnectionConfig | None:
+    """A reviewed external HTTP connection, as the real coordinator's ``external_http.rs``
+    bounds one: a base URL that is HTTPS (or numeric loopback HTTP), one to sixteen exact
+    relative paths, the query parameters a read may send (none if omitted), a schema
+    every answer must fit, an attempt of at most two seconds and an answer of at most
+    64 KiB, and an identity of its own or none (a public read), never task authority."""
+    optional = ["identity", "queryParameters", "poolSize", "connectTimeout"]
+    optional += ["requestTimeout", "responseLimit"]
+    reader.fields(item, at, what, ["product", "baseUrl", "paths", "responseSchema"], optional)
+    base_url = _external_base(reader, reader.string(item, "baseUrl", at, what), at, what)
+    paths = _reviewed_names(reader, item, "paths", at, what, PATH, required=True)
+    query = _reviewed_names(reader, item, "queryParameters", at, what, QUERY_NAME)
+    schema = item.get("responseSchema")
+    wrong = schema_problem(schema)
+    if wrong is not None and "responseSchema" in item:
+        reader.report(
+            "config.invalid-value",
+            f"{what} responseSchema: {wrong}",
+            "write a local JSON Schema 2020-12 for the whole answer, {status, body}",
+            (*at, "responseSchema"),
+        )
+    identity = None
+    if "identity" in item:
+        identity = _identity(reader, item["identity"], (*at, "identity"), what)
+        if getattr(identity, "task_authority", None) is not None:
+            reader.report(
+                "config.invalid-value",
+                f"{what} is an external read, which never runs under Casework's task authority",
+                "remove taskAuthority: an external read has its own read identity, or none",
+                (*at, "identity", "oauth2", "taskAuthority"),
+            )
+            identity = None
+    pool = _integer(reader, item, "poolSize", at, 4, 1, 256)
+    least, most = timedelta(milliseconds=1), timedelta(seconds=2)
+    connect = _duration(reader, item, "connectTimeout", at, most, least, most)
+    request = _duration(reader, item, "requestTimeout", at, most, least, most)
+    limit = _integer(reader, item, "responseLimit", at, 65536, 1, 65536)
+    if base_url is None or paths is None or query is None or wrong is not None:
+        return None
+    if "identity" in item and identity is None:
+        return None
+    return ConnectionConfig(
+        name,
+        EXTERNAL,
+        base_url,
+        identity,
+        None,
+        pool,
+        connect,
+        request,
+        limit,
+        timedelta(minutes=10),
+        at,
+        external=Reviewed(frozenset(paths), frozenset(query), schema),
+    )
+
+
+def _external_base(reader: Reader, url: str | None, at: DataPath, what: str) -> str | None:
+    """An external connection's base URL, if it is one a read may go to: HTTPS, or HTTP on
+    a numeric loopback address; no credentials, query or fragment; no empty path segment;
+    no link-local host (where cloud metadata services answer)."""
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        address = (
+            ipaddress.ip_address(host) if host.replace(".", "").isdigit() or ":" in host else None
+        )
+    except ValueError:
+        parts, host, address = None, "", None
+    problem = None
+    if parts is None or parts.scheme not in ("http", "https") or not host:
+        problem = "must be an absolute http or https URL"
+    elif any(c.isspace() or c == "\\" for c in url):
+        problem = "must hold no whitespace or backslash"
+    elif parts.username is not None or parts.query or parts.fragment or "?" in url or "#" in url:
+        problem = "must carry no credentials, query or fragment"
+    elif "//" in parts.path:
+        problem = "must have no empty path segment"
+    elif parts.scheme == "http" and (address is None or not address.is_loopback):
+        problem = "must be HTTPS, or HTTP on a numeric loopback address (127.0.0.1, [::1])"
+    elif address is not None and address.is_link_local:
+        problem = "names a link-local address, where cloud metadata services answer"
+    if problem is not None:
+        reader.report(
+            "config.invalid-value",
+            f"{what} baseUrl {problem}",
+            "write the reviewed service's base URL, e.g. https://directory.example/v2",
+            (*at, "baseUrl"),
+        )
+        return None
+    return url.rstrip("/")
+
+
+def _reviewed_names(
+    reader: Reader,
+    item: dict[str, JSON],
+    name: str,
+    at: DataPath,
+    what: str,
+    grammar: re.Pattern[str],
+    *,
+    required: bool = False,
+) -> list[str] | None:
+    """One to sixteen distinct names of an external connection's review (paths, or query
+    parameters), each of ``grammar``; an omitted optional list is empty."""
+    if name not in item and not required:
+        return []
+    value = item.get(name)
+    if (
+        not isinstance(value, list)
+        or not 1 <= len(value) <= MOST
+        or len(set(map(str, value))) != len(value)
+        or not all(isinstance(v, str) and grammar.match(v) for v in value)
+    ):
+        example = "[offices, offices/districts]" if name == "paths" else "[district]"
+        reader.report(
+            "config.invalid-value",
+            f"{what} {name} must list 1 to {MOST} distinct "
+            + (
+                "relative paths (no leading slash, no . or .. segment)"
+                if name == "paths"
+                else "query parameter names"
+            ),
+            f"write {name}: {example}",
+            (*at, name),
+        )
+        return None
+    return [str(v) for v in value]
+
+
+def _parameters(reader: Reader, value: JSON, path: DataPath, what: str) -> dict[str, JSON]:
+    """The values of the product's connection-bound parameters (which ones a connection
+    needs, and whether each fits, is checked against the pinned workflows' catalog)."""
+    data = reader.mapping(value, path, f"{what} parameters")
+    if data is None:
+        return {}
+    for name, given in data.items():
+        if isinstance(given, dict | list) or given is None:
+            reader.report(
+                "field.type",
+                f"{what} parameter {name} must be a string, number or boolean, "
+                f"not {describe(given)}",
+                f"write {name}: VALUE",
+                (*path, name),
+            )
+    return {k: v for k, v in data.items() if not isinstance(v, dict | list) and v is not None}
+
+
+def _completions(reader: Reader, value: JSON, path: DataPath, what: str) -> Completions | None:
+    """The secret a product's pushed completion events carry (Casework's destination
+    configuration: a bearer token, or a header of its own), and its recipient binding."""
+    data = reader.mapping(value, path, f"{what} completions")
+    if data is None:
+        return None
+    reader.fields(data, path, f"{what} completions", ["secret"], ["header", "recipientBinding"])
+    secret = _secret(reader, data, "secret", path, f"{what} completions")
+    header = reader.string(data, "header", path, f"{what} completions") or "Authorization"
+    binding = reader.string(data, "recipientBinding", path, f"{what} completions")
+    if secret is None:
+        return None
+    return Completions(secret, header.lower(), binding)
+
+
+def _verification(reader: Reader, value: JSON, at: DataPath, what: str) -> Verification:
+    """How often the product is asked about a call whose outcome is unknown (its receipt,
+    or the identical request) before the run is held, and how far apart."""
+    path = (*at, "verification")
+    data = reader.mapping(value, path, f"{what} verification")
+    if data is None:
+        return Verification()
+    reader.fields(data, path, f"{what} verification", [], ["attempts", "spacing"])
+    attempts = _integer(reader, data, "attempts", path, Verification.attempts, 0, 20)
+    spacing = _duration(reader, data, "spacing", path, Verification.spacing, timedelta(seconds=1))
+    return Verification(attempts, spacing)
 
 
 def _identity(reader: Reader, value: JSON, path: DataPath, what: str) -> Identity | None:
@@ -900,7 +1186,26 @@ def _identity(reader: Reader, value: JSON, path: DataPath, what: str) -> Identit
         return Bearer(token) if token else None
     at = (*path, "oauth2")
     item = reader.mapping(data["oauth2"], at, f"{what} oauth2") or {}
-    optional = ["clientSecret", "privateKey", "keyId", "algorithm", "scopes", "audience"]
+    if "audience" in item:
+        reader.report(
+            "config.invalid-value",
+            f"{what} oauth2 audience is no longer sent: the products' token endpoints take "
+            "the RFC 8707 resource indicator",
+            "write resource: with the product's resource (its token audience), and "
+            "assertionAudience: only if the issuer wants another aud in the client assertion",
+            (*at, "audience"),
+        )
+    optional = [
+        "clientSecret",
+        "privateKey",
+        "keyId",
+        "algorithm",
+        "scopes",
+        "resource",
+        "assertionAudience",
+        "audience",
+        "taskAuthority",
+    ]
     reader.fields(item, at, f"{what} oauth2", ["tokenUrl", "clientId"], optional)
     if ("clientSecret" in item) == ("privateKey" in item):
         reader.report(
@@ -931,6 +1236,11 @@ def _identity(reader: Reader, value: JSON, path: DataPath, what: str) -> Identit
         scopes = []
     token_url = reader.string(item, "tokenUrl", at, what)
     client_id = reader.string(item, "clientId", at, what)
+    authority = (
+        _task_authority(reader, item["taskAuthority"], (*at, "taskAuthority"), what)
+        if "taskAuthority" in item
+        else None
+    )
     if not token_url or not client_id or not (secret or key):
         return None
     return ClientCredentials(
@@ -941,5 +1251,30 @@ def _identity(reader: Reader, value: JSON, path: DataPath, what: str) -> Identit
         reader.string(item, "keyId", at, what),
         algorithm,
         tuple(scopes),
-        reader.string(item, "audience", at, what),
+        reader.string(item, "resource", at, what),
+        reader.string(item, "assertionAudience", at, what),
+        authority,
     )
+
+
+def _task_authority(reader: Reader, value: JSON, path: DataPath, what: str) -> TaskAuthority | None:
+    """Casework's task-grant authority for a connection's calls (all fields required)."""
+    data = reader.mapping(value, path, f"{what} taskAuthority")
+    if data is None:
+        return None
+    names = ["baseUrl", "issuer", "subject", "exchangeAudience", "bootstrapResource"]
+    if not reader.fields(data, path, f"{what} taskAuthority", names):
+        return None
+    found = [reader.string(data, name, path, f"{what} taskAuthority") for name in names]
+    if not all(found):
+        return None
+    base_url = str(found[0])
+    if not base_url.startswith(("http://", "https://")):
+        reader.report(
+            "config.invalid-value",
+            f"{what} taskAuthority baseUrl must be Casework's http or https URL",
+            "write Casework's base URL, e.g. https://casework.example",
+            (*path, "baseUrl"),
+        )
+        return None
+    return TaskAuthority(base_url.rstrip("/"), *(str(v) for v in found[1:]))

@@ -69,12 +69,6 @@ async def locked(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun | N
         yield None if run is None else LockedRun(conn, run)
 
 
-async def sealed_request(db: Database, run_id: uuid.UUID, step: str) -> Row | None:
-    """The request the call step sealed on its first sending (method, url, body and
-    idempotency_key), or None if it never sealed one."""
-    return await db.row("sealed_request", {"id": run_id, "step": step})
-
-
 async def set_admission(db: Database, held: bool, actor: str, reason: str) -> None:
     """Hold or release admission of new runs, with its event. The statement that admits a
     run locks the row this updates (:func:`store.admit`), so a hold and a start serialize

@@ -34,6 +34,7 @@ from registry_coordinator.semantics.codes import FailureCode, RunState
 from registry_coordinator.semantics.steps import (
     Advance,
     Await,
+    Check,
     Expire,
     Failed,
     Fetch,
@@ -45,6 +46,7 @@ from registry_coordinator.semantics.steps import (
     Send,
     Sleep,
     Transition,
+    Verify,
     detail,
     on_due,
     woke,
@@ -110,6 +112,17 @@ def result_read(url: str, status: int, key: str) -> Outcome:
     that — not that the delivery caused this read: a read a webhook woke may have found
     no result yet, and a later poll the one that did."""
     return Outcome("result-read", {"url": url, "status": status, "key": key})
+
+
+def receipt_looked_up(url: str, reply: Reply, check: int) -> Outcome:
+    """The event for the ``check``-th lookup of a call's receipt that the engine made
+    itself, before what it led to: the step completed on it, asked again, or held."""
+    said: dict[str, JSON] = {"url": url, "check": check, "outcome": reply.kind.value}
+    if reply.kind is ReplyKind.RESPONSE:
+        said["status"] = reply.status
+    else:
+        said["detail"] = detail(reply.detail)
+    return Outcome("receipt-looked-up", said)
 
 
 def result_polled(url: str, reply: Reply) -> dict[str, JSON]:
@@ -194,6 +207,7 @@ def after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
         state=params["state"],
         step=params["step"],
         attempt=params["attempt"],
+        checks=params["checks"],
         timer_at=params["timer_at"],
         dispatched=False,
         outputs={**run.outputs, **params["outputs"]},
@@ -323,6 +337,7 @@ def columns(
         "actor": run.actor,
         "state": RunState.RUNNING,
         "attempt": 0,
+        "checks": 0,
         "timer_at": None,
         "wakes_to": None,
         "due_at": None,
@@ -412,12 +427,22 @@ def _changes(
         case Retry(at=at, detail=detail):
             return {
                 "attempt": run.attempt,
+                "checks": run.checks,  # a product that asks to wait has confirmed nothing
                 "timer_at": at,
                 "due_at": min(at, run.deadline_at),
                 "kind": "retry-scheduled",
                 "event": {"at": format_instant(at), "detail": detail},
             }, None
-        case Send() | Fetch():
+        case Verify(at=at, detail=detail):
+            return {
+                "attempt": run.attempt,
+                "checks": run.checks + 1,
+                "timer_at": at,
+                "due_at": min(at, run.deadline_at),
+                "kind": "verify-scheduled",
+                "event": {"at": format_instant(at), "check": run.checks + 1, "detail": detail},
+            }, None
+        case Send() | Fetch() | Check():
             raise TypeError(f"{type(transition).__name__} is not committed by the store")
         case _:
             assert_never(transition)

@@ -62,6 +62,7 @@ __all__ = [
     "KeyReused",
     "LeaseLost",
     "NextDue",
+    "NothingSealed",
     "RunFilter",
     "Settlement",
     "Start",
@@ -76,17 +77,20 @@ __all__ = [
     "dispatch",
     "due_sleepers",
     "extend_leases",
+    "feed_cursor",
     "held_longest",
     "history",
     "keep_late_answer",
     "late_answer",
     "leave_to_workers",
+    "move_feed",
     "next_due",
     "record_defect",
     "record_delivery",
     "release",
     "release_wait",
     "runs_page",
+    "sealed_at",
     "sealed_meanwhile",
     "sealed_request",
     "start_digest",
@@ -322,18 +326,49 @@ async def release(db: Database, run: Claimed, due_at: datetime | None) -> None:
     await db.execute("release_run", {"id": run.id, "token": run.token, "due_at": due_at})
 
 
-async def sealed_request(db: Database, run: Claimed) -> tuple[Request, str] | None:
-    """The request and URL this run's call step sealed on its first sending, if it was sent."""
-    row = await db.row("sealed_request", {"id": run.id, "step": run.step})
+class NothingSealed(CoordinatorError):
+    """A run was to resend or ask about a call it never sealed: a defect of Coordinator's."""
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A call's request as its step sealed it on its first sending: every later sending
+    is these bytes again."""
+
+    request: Request
+    url: str
+    #: The authority a prepared command was frozen under (a BReg action's), if it was one.
+    prepared: dict[str, JSON] | None = None
+    #: Whether a sending so far may have reached the product with no answer saying what
+    #: became of it (a refusal of the next is then no evidence it never took effect).
+    uncertain: bool = False
+
+
+async def sealed_request(db: Database, run: Claimed) -> Sealed | None:
+    """The request this run's call step sealed on its first sending, if it was sent."""
+    return await sealed_at(db, run.id, run.step)
+
+
+async def sealed_at(db: Database, run_id: uuid.UUID, step: str) -> Sealed | None:
+    """The request a run's call ``step`` sealed on its first sending, if it did."""
+    row = await db.row("sealed_request", {"id": run_id, "step": step})
     if row is None:
         return None
     body = bytes(row["body"]) if row["body"] is not None else None
-    url = str(row["url"])
-    return Request(row["method"], url, body, row["idempotency_key"]), url
+    headers = tuple((str(k), str(v)) for k, v in row["headers"] or ())
+    request = Request(row["method"], str(row["url"]), body, row["idempotency_key"], headers)
+    return Sealed(request, str(row["url"]), row["prepared"], bool(row["uncertain"]))
 
 
-async def dispatch(db: Database, run: Claimed, request: Request, url: str) -> Claimed:
-    """Seal the request and mark it dispatched, before it is sent (fenced like a transition)."""
+async def dispatch(
+    db: Database,
+    run: Claimed,
+    request: Request,
+    url: str,
+    prepared: dict[str, JSON] | None = None,
+) -> Claimed:
+    """Seal the request (with the authority it was ``prepared`` under, if it was) and mark
+    it dispatched, before it is sent (fenced like a transition)."""
     params = {
         "id": run.id,
         "token": run.token,
@@ -344,6 +379,8 @@ async def dispatch(db: Database, run: Claimed, request: Request, url: str) -> Cl
         "url": url,
         "body": request.body,
         "key": request.idempotency_key,
+        "headers": Jsonb([list(h) for h in request.headers]) if request.headers else None,
+        "prepared": Jsonb(prepared) if prepared is not None else None,
         "actor": run.actor,
     }
     if not await db.row("dispatch_call", params):
@@ -522,6 +559,19 @@ async def record_delivery(db: Database, delivery: Delivery) -> tuple[bool, int]:
     row = await db.row("record_delivery", params)
     assert row is not None
     return row["recorded"], row["woke"]
+
+
+async def feed_cursor(db: Database, connection: str) -> str | None:
+    """Where ``connection``'s result feed has been read up to (None: from its start)."""
+    row = await db.row("feed_cursor", {"connection": connection})
+    return row["cursor"] if row else None
+
+
+async def move_feed(db: Database, connection: str, was: str | None, cursor: str | None) -> bool:
+    """Move ``connection``'s feed cursor from ``was`` to ``cursor``; False, changing
+    nothing, when another follower moved it from ``was`` meanwhile."""
+    params = {"connection": connection, "was": was, "cursor": cursor}
+    return await db.row("move_feed", params) is not None
 
 
 #: Defects in a row at one step before the run is held rather than tried again.

@@ -65,6 +65,7 @@ from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.semantics.steps import (
     Advance,
     Await,
+    Check,
     Expire,
     Failed,
     Fetch,
@@ -76,6 +77,7 @@ from registry_coordinator.semantics.steps import (
     Send,
     Sleep,
     Transition,
+    Verify,
 )
 
 log = logging.getLogger(__name__)
@@ -257,6 +259,10 @@ def _outcome(transition: Transition | Cancelled) -> str:
             return "waiting"
         case Retry():
             return "retry-scheduled"
+        case Verify():
+            return "verify-scheduled"
+        case Check():
+            return "receipt-lookup"
         case Cancelled():
             return "cancelled"
         case Send():

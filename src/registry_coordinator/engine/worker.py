@@ -39,7 +39,17 @@ from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.semantics.codes import HoldCode, RunState
-from registry_coordinator.semantics.steps import Expire, Fetch, Send, Transition, detail, on_due
+from registry_coordinator.semantics.steps import (
+    NO_VERIFICATION,
+    Check,
+    Expire,
+    Fetch,
+    Send,
+    Transition,
+    Verification,
+    detail,
+    on_due,
+)
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +190,8 @@ class Engine:
                     run.timer_at,
                     now,
                     run.dispatched,
+                    run.checks,
+                    self._verification(definition, run.step),
                 )
             )
             if transition is None:
@@ -190,9 +202,9 @@ class Engine:
                 self._schedule(run, due)
                 return
             with tracing.step(run, definition, transition) as step:
-                if isinstance(transition, Fetch | Send):
+                if isinstance(transition, Fetch | Send | Check):
                     product = self.calls.connection(definition, run.step)
-                    if product.saturated(read=isinstance(transition, Fetch)):
+                    if product.saturated(read=not isinstance(transition, Send)):
                         # Its queue is full: come back when it has had time to drain.
                         step.outcome("queue-full")
                         later = now + product.drain_time()
@@ -201,6 +213,8 @@ class Engine:
                     # The call task starts in this span: its request's span is a child.
                     elif isinstance(transition, Fetch):
                         self.calls.fetch(definition, run, transition)
+                    elif isinstance(transition, Check):
+                        self.calls.check(definition, run, transition)
                     else:
                         self.calls.submit(definition, run, transition.request)
                     return
@@ -209,6 +223,13 @@ class Engine:
             if committed is None or not committed.held:
                 return
             run, ahead = committed.run, committed.ahead
+
+    def _verification(self, definition: Definition, step_id: str) -> Verification:
+        """How often the product of the call at ``step_id`` may be asked about an unknown
+        outcome (nothing to ask at a step that calls nothing)."""
+        if step_id not in definition.operations:
+            return NO_VERIFICATION
+        return self.calls.connection(definition, step_id).config.verification
 
     async def _commit(
         self,

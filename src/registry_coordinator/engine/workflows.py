@@ -22,13 +22,15 @@ from pathlib import Path
 
 from registry_coordinator.authoring.artifact import load, load_file
 from registry_coordinator.authoring.canonical import digest_of
-from registry_coordinator.authoring.catalog import builtin_catalog
+from registry_coordinator.authoring.catalog import Parameter, builtin_catalog
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Diagnostic, Refused
+from registry_coordinator.authoring.workflow import Call, WaitFor
 from registry_coordinator.engine import store
 from registry_coordinator.engine.config import (
     Config,
     ConfigReading,
+    ConnectionConfig,
     PinnedWorkflow,
     Problems,
     read_config,
@@ -143,6 +145,145 @@ class Workflows:
                 ("connections", name, "product"),
             )
 
+    def check_connections(
+        self, connections: dict[str, ConnectionConfig], problems: Problems
+    ) -> None:
+        """Report every connection-bound parameter a pinned workflow's operations send
+        that its connection does not set, or sets to a value the parameter does not take;
+        every parameter a connection sets that its product does not have; and every
+        operation bound to a connection whose authority it cannot run under."""
+        self._check_authority(connections, problems)
+        self._check_reviews(connections, problems)
+        wanted: dict[str, dict[str, Parameter]] = {}
+        for pin in self.pinned:
+            definition = pin.definition
+            for step_id, operation in definition.operations.items():
+                step = definition.step(step_id)
+                assert isinstance(step, Call)
+                if _bound_as(connections, step.connection, operation.product):
+                    for parameter in operation.bound:
+                        wanted.setdefault(step.connection, {})[parameter.name] = parameter
+            for step_id, result in definition.results.items():
+                step = definition.step(step_id)
+                assert isinstance(step, WaitFor)
+                if _bound_as(connections, step.connection, result.product):
+                    for parameter in result.fetch.bound:
+                        wanted.setdefault(step.connection, {})[parameter.name] = parameter
+        catalog = builtin_catalog()
+        for name, connection in connections.items():
+            at = (*connection.path, "parameters")
+            needs = wanted.get(name, {})
+            for parameter in needs.values():
+                if parameter.name not in connection.parameters:
+                    problems.report(
+                        "connections",
+                        "config.parameter-missing",
+                        f"connection {name} must set {connection.product}'s {parameter.name}: "
+                        f"{parameter.description}",
+                        f"add parameters: {{{parameter.name}: VALUE}} to connection {name}",
+                        at,
+                    )
+                    continue
+                wrong = parameter.problem(connection.parameters[parameter.name])
+                if wrong:
+                    problems.report(
+                        "connections",
+                        "config.parameter-invalid",
+                        f"connection {name} parameter {parameter.name}: {wrong}",
+                        f"give {parameter.name} a value {connection.product} takes: "
+                        f"{parameter.description}",
+                        (*at, parameter.name),
+                    )
+            product = catalog.products.get(connection.product)
+            declared = set(product.parameters) if product else set()
+            declared |= set(needs)
+            for given in sorted(set(connection.parameters) - declared):
+                close = difflib.get_close_matches(given, sorted(declared), n=1)
+                problems.report(
+                    "connections",
+                    "config.parameter-unknown",
+                    f"connection {name} sets parameter {given}, which {connection.product} "
+                    "does not have",
+                    f"did you mean {close[0]}?"
+                    if close
+                    else f"remove it; {connection.product} takes: "
+                    + (", ".join(sorted(declared)) or "no parameters"),
+                    (*at, given),
+                )
+
+    def _check_authority(
+        self, connections: dict[str, ConnectionConfig], problems: Problems
+    ) -> None:
+        """An operation that runs only under Casework's task authority (a Scheduling
+        booking) needs a connection with a ``taskAuthority``; one its product refuses under
+        a task grant (a BReg action) needs a connection without."""
+        for pin in self.pinned:
+            definition = pin.definition
+            for step_id, operation in definition.operations.items():
+                step = definition.step(step_id)
+                assert isinstance(step, Call)
+                connection = connections.get(step.connection)
+                if connection is None or connection.product != operation.product:
+                    continue  # reported as unbound, or as bound to another product kind
+                identity = connection.identity
+                authority = getattr(identity, "task_authority", None) is not None
+                name = f"{operation.product}/{operation.name}"
+                at = (*connection.path, "identity")
+                if operation.grant == "required" and not authority:
+                    problems.report(
+                        "connections",
+                        "config.task-authority-missing",
+                        f"{definition.id} calls {name} on connection {step.connection}, which "
+                        "runs only under Casework's task authority",
+                        "give the connection's oauth2 identity a taskAuthority: {baseUrl, "
+                        "issuer, subject, exchangeAudience, bootstrapResource}",
+                        at,
+                    )
+                if operation.grant is None and authority:
+                    problems.report(
+                        "connections",
+                        "config.task-authority-refused",
+                        f"{definition.id} calls {name} on connection {step.connection}, whose "
+                        f"taskAuthority {operation.product} refuses for it",
+                        "bind the step to a connection of the product's own service identity",
+                        at,
+                    )
+
+    def _check_reviews(self, connections: dict[str, ConnectionConfig], problems: Problems) -> None:
+        """An external read whose path, or a query parameter's name, is written in the
+        workflow (not computed) must be one its connection's review allows: refused here
+        rather than as each run reaches it (``external-invalid-command``)."""
+        for pin in self.pinned:
+            definition = pin.definition
+            for step_id, operation in definition.operations.items():
+                step = definition.step(step_id)
+                assert isinstance(step, Call)
+                connection = connections.get(step.connection)
+                reviewed = connection.external if connection is not None else None
+                if not operation.external or reviewed is None or not isinstance(step.input, dict):
+                    continue
+                path, query = step.input.get("path"), step.input.get("query")
+                unlisted = []
+                if isinstance(path, str) and "${{" not in path and path not in reviewed.paths:
+                    unlisted.append(f"path {path!r}")
+                names = query if isinstance(query, dict) else {}
+                unlisted += [
+                    f"query parameter {name!r}"
+                    for name in sorted(names)
+                    if name not in reviewed.query_parameters
+                ]
+                for what in unlisted:
+                    field = "paths" if what.startswith("path") else "queryParameters"
+                    problems.report(
+                        "connections",
+                        "config.external-unreviewed",
+                        f"{definition.id} step {step_id} reads {what} of connection "
+                        f"{step.connection}, which its review does not list",
+                        f"add it to connections.{step.connection}.{field} once it is "
+                        "reviewed, or change the step",
+                        (*connection.path, field) if connection is not None else ("connections",),
+                    )
+
     async def store(self, db: Database) -> None:
         for pin in self.pinned:
             await store.store_definition(db, pin.definition, pin.digest, pin.artifact)
@@ -170,6 +311,13 @@ class Workflows:
         return found
 
 
+def _bound_as(connections: dict[str, ConnectionConfig], name: str, kind: str) -> bool:
+    """Whether connection ``name`` is bound to product ``kind``: one that is not, or is
+    not configured, is reported as such, and what ``kind`` would need of it is not."""
+    connection = connections.get(name)
+    return connection is not None and connection.product == kind
+
+
 def _at_pin(diagnostic: Diagnostic, pin: PinnedWorkflow, problems: Problems) -> Diagnostic:
     """A refusal of a pinned artifact that points nowhere inside it (it is missing, not
     JSON, not canonical...) points at the configuration field that pins it instead."""
@@ -188,6 +336,7 @@ def read_service(path: Path) -> tuple[ConfigReading, Workflows]:
     reading = read_config(path)
     workflows = Workflows.load(reading.pins, reading.problems)
     workflows.check_bindings(reading.products, reading.problems)
+    workflows.check_connections(reading.connections, reading.problems)
     return reading, workflows
 
 

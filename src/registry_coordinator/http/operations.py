@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
-from registry_coordinator.authoring.catalog import Operation, Recovery
+from registry_coordinator.authoring.catalog import Operation
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.workflow import Call
@@ -32,7 +32,7 @@ from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import TERMINAL, RunState
-from registry_coordinator.semantics.steps import Reply, ReplyKind, detail
+from registry_coordinator.semantics.steps import Reply, ReplyKind, Request, detail
 
 MAX_REASON = 1000
 
@@ -99,6 +99,8 @@ class Evidence:
     body: JSON  # the confirmed output, when ``problems`` is empty
     problems: list[str]
     lookup: JSON = None  # the receipt lookup made, if any: {url, status, outcome}
+    #: The product said it holds no receipt that matches (which proves nothing either way).
+    unresolved: bool = False
 
     @property
     def confirmed(self) -> bool:
@@ -126,22 +128,28 @@ async def _evidence(
     definition: Definition,
     step: Call,
     run_id: uuid.UUID,
-    key: str,
+    sealed: Request,
 ) -> Evidence | None:
-    """The product's receipt for the original key, where it has a receipt lookup and the
-    receipt confirms the call; else an answer to the call that came back late, if any."""
+    """The product's receipt for the sealed call's original key, where it has a receipt
+    lookup and the receipt confirms the call; else an answer to the call that came back
+    late, if any."""
     operation = definition.operations[step.id]
     evidence: Evidence | None = None
     lookup: JSON = None
-    if operation.recovery is Recovery.SAME_COMMAND_AND_RECEIPT:
-        reply, url = await products[step.connection].look_up_receipt(operation, key)
+    if operation.receipt is not None:
+        reply, url = await products[step.connection].look_up_receipt(operation, sealed)
         lookup = {"url": url, "status": reply.status, "outcome": reply.kind.value}
         evidence = _judge("receipt", definition, operation, reply)
+        if reply.status in operation.receipt.unresolved:
+            evidence = replace(evidence, unresolved=True)
     if evidence is None or not evidence.confirmed:
         late = await store.late_answer(db, run_id, step.id)
         if late is not None:
             answer = Reply(ReplyKind.RESPONSE, late["late_status"], bytes(late["late_response"]))
-            evidence = _judge("late-answer", definition, operation, answer)
+            evidence = replace(
+                _judge("late-answer", definition, operation, answer),
+                unresolved=evidence.unresolved if evidence else False,
+            )
     return None if evidence is None else replace(evidence, lookup=lookup)
 
 
@@ -176,16 +184,18 @@ async def find_evidence(
             "the product's evidence: run a build that can, or retry-same or cancel",
         ) from None
     step = definition.step(run["step"])
-    sealed = await operator_actions.sealed_request(db, run_id, run["step"])
-    if not isinstance(step, Call) or sealed is None:
+    found = await store.sealed_at(db, run_id, run["step"])
+    if not isinstance(step, Call) or found is None:
         raise Problem(
             409,
             "run.nothing-to-resend",
             f"the run is held at {run['step']}, where no request was sent: retry-same "
             "takes the step again, or cancel",
         )
-    key = sealed["idempotency_key"]
-    evidence = await _evidence(db, products, definition, step, run_id, key)
+    sealed = found.request
+    key = sealed.idempotency_key
+    assert key is not None  # a mutation's request is sealed with its key
+    evidence = await _evidence(db, products, definition, step, run_id, sealed)
     if evidence is None:
         operation = definition.operations[step.id]
         raise Problem(
@@ -234,15 +244,16 @@ async def _record(
             await current.complete(step.id, step.next, evidence.body, actor, event)
             return
         event["why"] = (
-            "no receipt" if evidence.status == 404 else detail("; ".join(evidence.problems))
+            "no matching receipt" if evidence.unresolved else detail("; ".join(evidence.problems))
         )
         await current.note("reconcile-unconfirmed", actor, event)
-    if evidence.status == 404:
+    if evidence.unresolved:
         raise Problem(
             409,
             "reconcile.no-receipt",
-            "the product has no record of the original request: it was not "
-            "applied; retry-same sends it, or cancel",
+            "the product holds no receipt that matches the original key and request, which "
+            "is not evidence that it had no effect: check the product, then retry-same (it "
+            "resends the original under its key) or cancel",
         )
     raise Problem(
         502,

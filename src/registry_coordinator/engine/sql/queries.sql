@@ -196,8 +196,8 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) due
 WHERE r.id = due.id
-RETURNING r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
-          r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
+RETURNING r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.checks,
+          r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
           r.lease_token, r.dispatched_at, r.traceparent, clock_timestamp() AS now;
 
 -- name: next_due
@@ -225,9 +225,9 @@ SELECT (SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8
 WITH clock AS (
     SELECT clock_timestamp() AS now
 )
-SELECT r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.timer_at,
-       r.outputs, r.completed, r.admitted_at, r.deadline_at, %(owner)s::text AS lease_owner,
-       r.lease_token, r.dispatched_at, r.traceparent, clock.now
+SELECT r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.checks,
+       r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at,
+       %(owner)s::text AS lease_owner, r.lease_token, r.dispatched_at, r.traceparent, clock.now
 FROM runs r, clock
 WHERE r.wakes_to IS NOT NULL AND r.timer_at <= clock.now AND r.state = 'waiting'
   AND r.lease_token IS NULL AND NOT r.cancel_requested AND r.deadline_at > clock.now
@@ -264,7 +264,7 @@ WITH planned AS (
         hold_code = p.hold_code, detail = p.detail,
         updated_at = greatest(%(now)s, r.updated_at),
         ended_at = CASE WHEN p.ends THEN greatest(%(now)s, r.updated_at) END,
-        dispatched_at = NULL, cancel_requested = false, defects = 0
+        dispatched_at = NULL, cancel_requested = false, defects = 0, checks = 0
     FROM planned p
     WHERE r.id = p.id AND r.seq = p.seq AND r.step = p.event_step AND r.lease_token IS NULL
       AND NOT r.cancel_requested
@@ -309,7 +309,7 @@ WHERE id = ANY (%(ids)s::uuid[]) AND state = 'waiting';
 WITH moved AS (
     UPDATE runs
     SET state = %(state)s, step = %(step)s, seq = seq + cardinality(%(kinds)s::text[]),
-        attempt = %(attempt)s,
+        attempt = %(attempt)s, checks = %(checks)s,
         timer_at = %(timer_at)s, wakes_to = %(wakes_to)s, due_at = %(due_at)s,
         lease_owner = %(lease_owner)s, lease_token = %(lease_token)s,
         outputs = outputs || %(outputs)s, completed = completed || %(completed)s,
@@ -420,7 +420,18 @@ WHERE lease_token = ANY(%(tokens)s::uuid[]);
 
 -- name: sealed_request
 -- The request a call step sealed on its first sending; every later one is identical.
-SELECT method, url, body, idempotency_key FROM executions
+--
+-- `uncertain`: whether a sending of it so far may have reached the product without an
+-- answer that says what became of it (lost, interrupted, or answered with anything but
+-- 429 or 503, which say the product did not act): a refusal of the next sending is then
+-- no evidence that the command never took effect.
+SELECT method, url, body, idempotency_key, headers, prepared,
+       EXISTS (SELECT 1 FROM executions e
+               WHERE e.run_id = %(id)s AND e.step = %(step)s AND e.dispatched_at IS NOT NULL
+                 AND e.outcome IS DISTINCT FROM 'not-sent'
+                 AND e.status IS DISTINCT FROM 429 AND e.status IS DISTINCT FROM 503)
+           AS uncertain
+FROM executions
 WHERE run_id = %(id)s AND step = %(step)s
 ORDER BY attempt LIMIT 1;
 
@@ -438,8 +449,9 @@ WITH moved AS (
     RETURNING id, seq, attempt
 ), sealed AS (
     INSERT INTO executions (run_id, step, attempt, method, url, body, idempotency_key,
-                            sealed_at, dispatched_at)
-    SELECT id, %(step)s, attempt, %(method)s, %(url)s, %(body)s, %(key)s, %(now)s, %(now)s
+                            headers, prepared, sealed_at, dispatched_at)
+    SELECT id, %(step)s, attempt, %(method)s, %(url)s, %(body)s, %(key)s, %(headers)s,
+           %(prepared)s, %(now)s, %(now)s
     FROM moved
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
@@ -548,6 +560,22 @@ RETURNING seq;
 SELECT recorded, woke FROM record_delivery(
     %(connection)s, %(event_id)s, %(result)s, %(key)s, %(payload)s);
 
+-- name: feed_cursor
+-- Where a connection's result feed has been read up to (no row: from its start).
+SELECT cursor FROM feed_cursors WHERE connection = %(connection)s;
+
+-- name: move_feed
+-- Move a connection's feed cursor on, unless another follower moved it meanwhile.
+--
+-- Compare and set: the cursor moves from the one this follower read the page from
+-- (%(was)s; NULL for the feed's start) to the next; a follower that lost the race to
+-- another process writes nothing (the entries they both read are recorded once).
+INSERT INTO feed_cursors AS f (connection, cursor, read_at)
+VALUES (%(connection)s, %(cursor)s, clock_timestamp())
+ON CONFLICT (connection) DO UPDATE SET cursor = EXCLUDED.cursor, read_at = EXCLUDED.read_at
+WHERE f.cursor IS NOT DISTINCT FROM %(was)s
+RETURNING connection;
+
 -- name: release_wait
 -- Give back a waiting run whose result was not final, noting what its read found if that changed.
 --
@@ -558,7 +586,8 @@ SELECT recorded, woke FROM record_delivery(
 -- found (%(polled)s; NULL when the run is given back unread) becomes a result-polled
 -- event only if it differs from the last one this wait recorded (none since its
 -- waiting event): a wait polling for weeks records each change of answer, not each
--- poll. The event is dated as a transition's is, never before the run's last one.
+-- poll. The event is dated as a transition's is, never before the run's last one. A
+-- read counts in `attempt`, which a wait's read schedule backs off by.
 WITH last AS (  -- the wait's latest recorded poll, or the event it began waiting with
     SELECT kind, detail FROM run_events
     WHERE run_id = %(id)s AND kind IN ('waiting', 'result-polled')
@@ -573,6 +602,7 @@ WITH last AS (  -- the wait's latest recorded poll, or the event it began waitin
     SET lease_owner = NULL, lease_token = NULL,
         due_at = CASE WHEN r.seq <> %(seq)s THEN now() ELSE %(due_at)s END,
         seq = r.seq + CASE WHEN n.yes THEN 1 ELSE 0 END,
+        attempt = r.attempt + CASE WHEN %(polled)s::jsonb IS NOT NULL THEN 1 ELSE 0 END,
         updated_at = CASE WHEN n.yes THEN greatest(%(now)s, r.updated_at)
                           ELSE r.updated_at END
     FROM noted n

@@ -143,10 +143,15 @@ async def _receipt(context: Context, run: Row) -> tuple[Definition | None, str |
     if not isinstance(step, Call):
         return definition, None
     operation = definition.operations[step.id]
-    if operation.recovery is Recovery.SAME_COMMAND_AND_RECEIPT:
+    if operation.receipt is not None:
         return definition, (
             f"{operation.product} keeps receipts for {operation.name}: reconcile asks for "
             "the receipt of the original key"
+        )
+    if operation.recovery is Recovery.IDENTICAL_REQUEST:
+        return definition, (
+            f"{operation.product} keeps no receipt for {operation.name}, but answers the "
+            "same request under the same key with its original answer: retry sends it"
         )
     return definition, f"{operation.product} keeps no receipt for {operation.name}"
 

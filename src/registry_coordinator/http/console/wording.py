@@ -44,6 +44,28 @@ HOLDS: dict[HoldCode, Hold] = {
         "Ask the product's owners about the answer. Reconcile uses the product's receipt, "
         "if it has a usable one; retrying sends the same request with the same key.",
     ),
+    HoldCode.RECEIPT_EXPIRED: Hold(
+        "The product acted, but its answer has expired",
+        "Sent again under its original key, the request was answered that the key was "
+        "used by an original that took effect, and that the product no longer keeps its "
+        "answer.",
+        "Check the effect in the product. Nothing can be sent again under that key: cancel "
+        "the run, and go on by hand if need be.",
+    ),
+    HoldCode.PREPARED_COMMAND_MISMATCH: Hold(
+        "The action changed at the registry since it was prepared",
+        "The command was prepared and frozen under one version of the registry's action; "
+        "it was to be sent again, but the registry now offers the action under another "
+        "version, or not at all. Whether the first sending took effect is unknown.",
+        "Check the record in the registry. Cancel; or retry once the registry offers the "
+        "action as it was prepared.",
+    ),
+    HoldCode.RESULT_CONCEALED: Hold(
+        "The product shows no result for this key",
+        "Coordinator's identity cannot see the result it waits for: the key is wrong, or "
+        "the connection's identity or profile does not reach it.",
+        "Fix the connection's identity or profile, then retry to read it again; or cancel.",
+    ),
     HoldCode.DISPATCH_INTERRUPTED: Hold(
         "Coordinator stopped while the request was out",
         "The request was sent, then Coordinator restarted or lost the run before it "
@@ -118,9 +140,14 @@ EVENTS = {
     "late-answer": "The product's answer came back after Coordinator had given up waiting; "
     "it is kept as evidence.",
     "retry-scheduled": "The step will be taken again later.",
+    "verify-scheduled": "Whether the product acted is unknown: Coordinator will ask it, by "
+    "its receipt of the request or by the same request under the same key, which it answers "
+    "with the original.",
+    "receipt-looked-up": "Coordinator asked the product for its receipt of the original "
+    "request (a read: it changes nothing).",
     "step-completed": "The step completed.",
     "waiting": "The run waits: for a result from a product, or until a time.",
-    "result-delivered": "The product said, by a signed webhook, that the result is ready.",
+    "result-delivered": "The product said that the result is ready.",
     "result-polled": "Coordinator asked the product for the result, and it was not ready yet "
     "(noted again only when the answer changes).",
     "result-read": "Coordinator read the result from the product.",
