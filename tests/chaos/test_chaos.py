@@ -2,15 +2,23 @@
 
 Each scenario prints one row of the summary table: faults injected, runs, finished,
 held (and why), lost (must be 0) and duplicate sends (must be 0). Duplicate sends
-are counted from the stand-in products' own ledgers: a mutation's idempotency key
-received more than once, when no operator asked for a resend.
+are counted from the stand-in products' own ledgers: a mutation that took effect more
+than once, or was sent again on a guess — its idempotency key received again after a
+sending that may have acted, other than as its product's documented recovery. After an
+unknown outcome Coordinator asks the product what became of the call: Messaging on its
+receipt route (a read: the submission itself is never sent again), Casework by the
+identical request under the same key, which it answers with the original acceptance
+and never acts on twice. Such an identical resend is no second effect and no guess;
+a changed one, or a submission sent again, is.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import time
+import uuid
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -21,23 +29,34 @@ import pytest
 
 from registry_coordinator.engine.database import sync_connection
 from tests.harness import (
+    PARAMETERS,
     STANDIN_TOKEN,
     Cluster,
     Service,
     Services,
     StandIns,
+    completion_request,
+    connection,
     decide,
-    delivery_request,
     free_port,
     oauth2,
     put_to_sleep,
     run_state,
     stand_ins,
+    until,
     wait_for,
     wait_state,
 )
 
-MUTATIONS = (("casework", "/v1/review-requests"), ("messaging", "/v1/messages"))
+#: Coordinator's mutations in these scenarios: the product, the route, and whether the
+#: product's contract makes the identical request (same key, same body) its recovery —
+#: Casework answers it with the original acceptance and acts once. Messaging answers for
+#: a submission on its receipt route instead (``POST /v1/messages/receipt``, beneath the
+#: submission's route and not a submission), so a submission is never sent again.
+MUTATIONS = (("casework", "/v1/review-requests", True), ("messaging", "/v1/messages", False))
+#: How often a connection asks a product about an unknown outcome before holding the run:
+#: as often as by default, closer together, so that the askings end within a scenario.
+ASKING = {"verification": {"attempts": 3, "spacing": "PT2S"}}
 HEADER = (
     f"{'scenario':<28} {'faults':>6} {'runs':>5} {'finished':>8} {'held':>22} "
     f"{'lost':>4} {'dup sends':>9}"
@@ -81,9 +100,24 @@ def summary(
         ).fetchone()
     duplicates = 0
     if products is not None:
-        for product, path in MUTATIONS:
+        dispatched = sealings(dsn)
+        for product, path, identical in MUTATIONS:
             if product in products.ports:
-                duplicates += resent_on_a_guess(products.requests(product, "POST", path))
+                requests = sent(products, product, path)
+                duplicates += resent_on_a_guess(requests, identical)
+                # The effects the product's ledger records (an identical resend answered
+                # from its record of the key is none), by the run and step they were for.
+                effects: Counter[tuple[str, str]] = Counter()
+                for key, n in products.ledger(product)["applied"].items():
+                    if key.startswith("coordinator:"):
+                        _, run, step = key.split(":")
+                        effects[(run, step)] += n
+                duplicates += sum(n - 1 for n in effects.values() if n > 1)
+                # Nothing leaves unsealed: each sending of a key was sealed (and its
+                # call-dispatched recorded) before it was sent.
+                for key, n in Counter(r["key"] for r in requests).items():
+                    _, run, step = key.split(":")
+                    assert n <= dispatched[(run, step)], (key, n, dispatched[(run, step)])
     total = sum(states.values())
     lost = admitted - total
     held = ", ".join(f"{n} {code}" for code, n in holds.items()) or "0"
@@ -99,22 +133,43 @@ def summary(
     return {"states": states, "holds": holds}
 
 
-def resent_on_a_guess(requests: list[dict[str, Any]]) -> int:
+def resent_on_a_guess(requests: list[dict[str, Any]], identical_is_recovery: bool) -> int:
     """Mutations received again after an earlier sending that may have taken effect.
 
-    A key may come again only after answers that say the product did not act (429 or
-    503); anything else before a resend is a command sent twice on a guess.
+    A key may come again after answers that say the product did not act (429 or 503);
+    and, where the product's contract makes it the recovery (``identical_is_recovery``),
+    as the identical request: the same body as the sending that may have acted. Any
+    other resend is a command sent twice on a guess.
     """
     resent = 0
-    acted: set[str] = set()
+    acted: dict[str, str] = {}  # key -> the body digest of its sending that may have acted
     for request in requests:  # in the order the product received them
-        if request["key"] is None:  # not Coordinator's (a caseworker deciding a review)
-            continue
-        if request["key"] in acted:
+        key = request["key"]
+        if key in acted and not (identical_is_recovery and request["bodySha256"] == acted[key]):
             resent += 1
         if request.get("status") not in (429, 503):
-            acted.add(request["key"])
+            acted.setdefault(key, request["bodySha256"])
     return resent
+
+
+def sent(products: StandIns, product: str, path: str) -> list[dict[str, Any]]:
+    """Coordinator's sendings of the mutation at ``path`` (that route exactly, not the
+    receipt route beneath it), in the order ``product`` received them."""
+    return [
+        r
+        for r in products.requests(product, "POST", path)
+        if r["path"] == path and str(r["key"]).startswith("coordinator:")
+    ]
+
+
+def sealings(dsn: str) -> Counter[tuple[str, str]]:
+    """How often each run sealed a request at each step (its call-dispatched events)."""
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            "SELECT run_id::text AS run, step, count(*) AS n FROM run_events "
+            "WHERE kind = 'call-dispatched' GROUP BY 1, 2"
+        ).fetchall()
+    return Counter({(r["run"], r["step"]): r["n"] for r in rows})
 
 
 def start_runs(service: Service, count: int, prefix: str) -> int:
@@ -130,13 +185,17 @@ def wait_settled(dsn: str, timeout: float = 90) -> None:
     )
 
 
-#: The kills (of 20) that land inside dispatch windows: both products hold every mutation
-#: back, and the kill comes once Casework has a full pool of them in flight. The others
-#: land at random moments.
-IN_DISPATCH = frozenset({3, 7, 11, 15, 19})
+#: The kills (of 20) that land inside dispatch windows, by the product that holds every
+#: mutation back meanwhile: the kill comes once that product has a full pool of them in
+#: flight (Casework's review requests, or Messaging's submissions). The others land at
+#: random moments.
+IN_DISPATCH = {3: "casework", 7: "messaging", 11: "casework", 15: "messaging", 19: "casework"}
 #: The Casework connection's pool (its default poolSize): how many of its calls can be in
 #: flight at once, so exactly how many a kill inside a dispatch window interrupts there.
 CASEWORK_POOL = 4
+#: The Messaging connection's pool, likewise.
+MESSAGING_POOL = 4
+POOLS = {"casework": CASEWORK_POOL, "messaging": MESSAGING_POOL}
 
 
 def test_crash_loop_twenty_kills_two_mutations(
@@ -144,11 +203,17 @@ def test_crash_loop_twenty_kills_two_mutations(
 ) -> None:
     """200 runs of two mutations, ten admitted before each of 20 SIGKILLs. Five kills land
     while mutations are known to be in flight (the products' ledgers show them, held back
-    by a delay): every run whose mutation a kill cut off unanswered is held
-    ``dispatch-interrupted`` at that step after the restart, never finished, its request
-    received once. Every other run finishes with each mutation applied once, or is held
-    as interrupted too (a kill between its dispatch and the recording of the answer);
-    no mutation reaches a product twice.
+    by a delay): each cuts off a full pool of them unanswered, three at Casework and two
+    at Messaging. After each restart
+    the engine asks the products what became of every call a kill cut off, before it holds
+    a run: Casework by the identical request under the same key (the original never took
+    effect, so the first resend answered does, once: the run finishes), Messaging for its
+    receipt (none matches a submission cut off unanswered, so the run is held
+    ``outcome-unknown`` after the askings, its submission received once, never again).
+    Every other run finishes with each mutation applied once (a kill between a dispatch
+    and the recording of its answer is resolved by the same askings), or is held where
+    the askings could not confirm its call; no mutation takes effect twice, and none is
+    sent again on a guess.
 
     Without the known kills, random ones almost never land inside a millisecond-long
     dispatch, so a service that resent mutations after a crash would pass unnoticed.
@@ -156,107 +221,159 @@ def test_crash_loop_twenty_kills_two_mutations(
     print("\n" + HEADER)
     casework, messaging = free_port(), free_port()
     connections = {
-        "reviews": {
-            "product": "casework",
-            "baseUrl": f"http://127.0.0.1:{casework}",
-            "identity": {"bearer": "env:STANDIN_TOKEN"},
-        },
-        "notices": {
-            "product": "messaging",
-            "baseUrl": f"http://127.0.0.1:{messaging}",
-            "identity": {"bearer": "env:STANDIN_TOKEN"},
-        },
+        "reviews": connection("casework", casework, **ASKING),
+        "notices": connection("messaging", messaging, **ASKING),
     }
     config = services.configure(["two-mutations"], lease="PT2S", workers=4, connections=connections)
     chance = random.Random(20261129)
-    cut_off: dict[str, int] = {}  # idempotency key -> the kill its request was unanswered at
+    cut_at: dict[int, Counter[str]] = {}  # kill -> by product, the requests it cut off
+    seen: set[tuple[str, str, float]] = set()  # requests found unanswered at a kill
+    routes = {product: path for product, path, _ in MUTATIONS}
     with stand_ins(
         tmp_path / "standins.log", {"casework": casework, "messaging": messaging}
     ) as products:
         service = services.start(config)
         admitted = 0
         for kill in range(20):
-            if kill in IN_DISPATCH:
-                for product, path in MUTATIONS:
-                    products.faults(
-                        product, {"match": f"POST {path}", "mode": "delay", "seconds": 60}
-                    )
+            held_back = IN_DISPATCH.get(kill)
+            if held_back is not None:  # the mutations themselves, not Messaging's receipts
+                delay = {"match": f"POST {routes[held_back]}$", "mode": "delay", "seconds": 60}
+                products.faults(held_back, delay)
             admitted += start_runs(service, 10, f"crash-{kill}")
-            if kill in IN_DISPATCH:
-                products.wait_in_flight("casework", CASEWORK_POOL)
+            if held_back is not None:
+                wait_full_pool(products, held_back, seen)
             else:
                 time.sleep(chance.uniform(0.05, 0.6))
             service.kill()
-            for key in unanswered(products):
-                cut_off.setdefault(key, kill)
-            if kill in IN_DISPATCH:
-                for product, _ in MUTATIONS:
-                    products.faults(product)  # the rest are answered at once
+            now_unanswered = set(unanswered_requests(products))
+            cut_at[kill] = Counter(product for product, _, _ in now_unanswered - seen)
+            seen |= now_unanswered
+            if held_back is not None:
+                products.faults(held_back)  # the rest are answered at once
             service = services.start(config)
         wait_settled(dsn)
         service.stop()
         row = summary("crash loop (SIGKILL)", dsn, admitted, 20, products)
         received, applied = mutations_seen(products)
-    at_known_kills = Counter(
-        kill for key, kill in cut_off.items() if kill in IN_DISPATCH and key.endswith(":ask")
-    )
-    # Each known kill cut off exactly a full Casework pool of mutations in flight.
-    assert at_known_kills == Counter(dict.fromkeys(IN_DISPATCH, CASEWORK_POOL)), cut_off
+        asked = receipts_asked(products)
+        cut_off = {key for _, key, _ in unanswered_requests(products)}
+    # Each known kill cut off exactly a full pool of the mutations held back in flight.
+    known = {kill: cut_at[kill][product] for kill, product in IN_DISPATCH.items()}
+    assert known == {kill: POOLS[product] for kill, product in IN_DISPATCH.items()}, cut_at
     with sync_connection(dsn) as conn:
         runs = {
             str(r["id"]): r
-            for r in conn.execute("SELECT id, state, step, hold_code FROM runs").fetchall()
+            for r in conn.execute("SELECT id, state, step, hold_code, detail FROM runs").fetchall()
         }
-        for key in cut_off:  # those runs: held at that step, as interrupted, sent once
-            _, run, step = key.split(":")
-            assert (runs[run]["state"], runs[run]["step"], runs[run]["hold_code"]) == (
+        steps = {
+            (str(r["run_id"]), r["step"]): r["kinds"]
+            for r in conn.execute(
+                "SELECT run_id, step, array_agg(kind ORDER BY seq) AS kinds FROM run_events "
+                "GROUP BY run_id, step"
+            ).fetchall()
+        }
+    resolved = held_at_ask = 0
+    for key in cut_off:
+        _, run, step = key.split(":")
+        found = runs[run]
+        if step == "tell":  # asked for its receipt, which none matches: held, never resent
+            assert (found["state"], found["step"], found["hold_code"]) == (
                 "held",
-                step,
-                "dispatch-interrupted",
-            ), (key, runs[run])
-            kinds = [
-                e["kind"]
-                for e in conn.execute(
-                    "SELECT kind FROM run_events WHERE run_id = %s ORDER BY seq", (run,)
-                ).fetchall()
-            ]
-            # found dispatched by the next holder: lost (no answer recorded), then held
-            assert kinds[-3:] == ["call-dispatched", "call-lost", "held"], (key, kinds)
+                "tell",
+                "outcome-unknown",
+            ), (key, found)
+            assert "asked the product for its receipt 3 times" in found["detail"], found
+            # found dispatched by the next holder: lost (no answer recorded), then its
+            # receipt asked for three times, and held
+            assert steps[(run, "tell")] == ["call-dispatched", "call-lost"] + [
+                "verify-scheduled",
+                "receipt-looked-up",
+            ] * 3 + ["held"], (key, steps[(run, "tell")])
             assert received[key] == 1 and applied[key] == 0, key
-    for run, found in runs.items():  # the rest: each mutation applied once, or held
-        if found["state"] == "finished":
-            assert applied[f"coordinator:{run}:ask"] == applied[f"coordinator:{run}:tell"] == 1
+            answers = [status for status in asked[key] if status is not None]
+            assert len(answers) >= 3 and set(answers) == {409}, (key, asked[key])
+        elif found["state"] == "finished":  # asked by the identical request: acted on once
+            assert received[key] >= 2 and applied[key] == 1, key
+            kinds = [kind for kind in steps[(run, "ask")] if kind != "admitted"]
+            assert kinds[:3] == ["call-dispatched", "call-lost", "verify-scheduled"], kinds
+            assert kinds[-3:] == ["call-dispatched", "call-answered", "step-completed"], kinds
+            resolved += 1
+        else:  # every identical resend cut off by a kill too: held at the ask
+            assert (found["state"], found["step"]) == ("held", "ask"), (key, found)
+            assert found["hold_code"] in ("dispatch-interrupted", "outcome-unknown"), found
+            assert applied[key] <= 1, key
+            held_at_ask += 1
+    for run, found in runs.items():
+        ask, tell = f"coordinator:{run}:ask", f"coordinator:{run}:tell"
+        if found["state"] == "finished":  # each mutation applied once
+            assert applied[ask] == applied[tell] == 1, run
+        elif found["step"] == "tell":  # no receipt confirmed it: Messaging never acted
+            assert found["hold_code"] == "outcome-unknown", found
+            assert received[tell] <= 1 and applied[tell] == 0, run
     held = row["states"]["held"]
     print(
-        f"{len(cut_off)} mutations cut off unanswered ({sum(at_known_kills.values())} at the "
-        f"{len(IN_DISPATCH)} known kills); {held} runs held, {row['states']['finished']} finished"
+        f"{len(cut_off)} mutations cut off unanswered ({sum(known.values())} at the "
+        f"{len(IN_DISPATCH)} known kills), {resolved} of them confirmed by the identical "
+        f"request; {held} runs held ({held_at_ask} at a review request), "
+        f"{row['states']['finished']} finished"
     )
-    assert set(row["holds"]) <= {"dispatch-interrupted"}, row["holds"]
-    assert held >= len(cut_off)
+    assert set(row["holds"]) <= {"dispatch-interrupted", "outcome-unknown"}, row["holds"]
     assert row["states"]["finished"] + held == admitted
 
 
+def wait_full_pool(products: StandIns, product: str, seen: set[tuple[str, str, float]]) -> None:
+    """Until ``product`` holds a full pool of Coordinator's mutations unanswered, but those
+    already found unanswered at an earlier kill (cut off then, never to be answered)."""
+
+    def in_flight() -> bool | None:
+        held = set(unanswered_requests(products)) - seen
+        return sum(r[0] == product for r in held) >= POOLS[product] or None
+
+    until(in_flight, f"a full pool of mutations in flight at {product}")
+
+
+def unanswered_requests(products: StandIns) -> list[tuple[str, str, float]]:
+    """The mutations a product received and never answered (after a kill: those it was
+    still holding when the service died), as (product, idempotency key, when received)."""
+    return [
+        (product, request["key"], request["at"])
+        for product, path, _ in MUTATIONS
+        if product in products.ports
+        for request in sent(products, product, path)
+        if "status" not in request
+    ]
+
+
+def receipts_asked(products: StandIns) -> dict[str, list[int | None]]:
+    """By idempotency key, what Messaging answered each lookup of a submission's receipt
+    (None: the lookup was cut off unanswered)."""
+    asked: dict[str, list[int | None]] = {}
+    for request in products.requests("messaging", "POST", "/v1/messages/receipt"):
+        asked.setdefault(request["key"], []).append(request.get("status"))
+    return asked
+
+
 def mutations_seen(products: StandIns) -> tuple[Counter[str], Counter[str]]:
-    """How often the products received, and applied, a mutation, by idempotency key."""
+    """How often the products received a mutation, and how often they acted on it (their
+    ledgers' effects: an identical resend answered from the product's record of the key is
+    no second one), by idempotency key."""
     received = Counter(
-        r["key"] for product, path in MUTATIONS for r in products.requests(product, "POST", path)
+        r["key"]
+        for product, path, _ in MUTATIONS
+        if product in products.ports
+        for r in sent(products, product, path)
     )
     applied: Counter[str] = Counter()
-    for product, _ in MUTATIONS:
-        applied.update(products.ledger(product)["applied"])
+    for product, _, _ in MUTATIONS:
+        if product in products.ports:
+            applied.update(products.ledger(product)["applied"])
     return received, applied
 
 
 def unanswered(products: StandIns) -> list[str]:
     """The idempotency keys of mutations a product received and never answered (after a
     kill: those it was still holding when the service died)."""
-    return [
-        request["key"]
-        for product, path in MUTATIONS
-        if product in products.ports
-        for request in products.requests(product, "POST", path)
-        if request["key"] is not None and "status" not in request
-    ]
+    return [key for _, key, _ in unanswered_requests(products)]
 
 
 #: Histories each kind of run in the database-restart scenario must end with, exactly.
@@ -271,6 +388,25 @@ CALLED = [
     "step-completed",
     "finished",
 ]
+#: The same run's history where a sending's outcome was unknown (the dispatch found
+#: interrupted, or the answer lost) and the product was asked what became of it before
+#: the step completed on its confirmation: Casework by the identical request, Messaging
+#: for the submission's receipt (again while none was found, as often as allowed).
+ASKED = re.compile(
+    r"admitted"
+    r"( call-dispatched call-lost verify-scheduled)* call-dispatched call-answered step-completed"
+    r" call-dispatched( call-answered| call-lost verify-scheduled"
+    r"( receipt-looked-up verify-scheduled)* receipt-looked-up) step-completed"
+    r" finished"
+)
+
+
+def called_or_asked(kinds: list[str]) -> bool:
+    """Whether a finished run of two mutations has :data:`CALLED`'s history, or that
+    history with its products asked about an unknown outcome (:data:`ASKED`)."""
+    return ASKED.fullmatch(" ".join(kinds)) is not None
+
+
 DECIDED = [
     "admitted",
     "waiting",
@@ -292,20 +428,23 @@ def test_database_restart_under_load(cluster: Cluster, dsn: str, services: Servi
     is recorded once the database is back, so each of those runs finishes, its mutation
     received and applied once. The runs waiting for a decision resume when it is made,
     the sleepers and the due ones wake and finish, each history exactly as without the
-    outage. The one kind of run that may rightly be held (``dispatch-interrupted``) is one
-    whose dispatch the stop cut off, its commit unknown: a mutation sealed and never sent,
-    so none of those reached a product. The lease (15 s) outlasts the outage, so no claim
-    on a call in flight is lost meanwhile.
+    outage. The one kind of run that may rightly be held is one whose dispatch the stop
+    cut off, its commit unknown: a mutation sealed and never sent, so none of those
+    reached a product. Its product is asked about it first (Casework by the identical
+    request, which then takes effect once, and the run finishes; Messaging for a receipt,
+    which none matches), and only a run whose call no asking confirmed is held
+    (``dispatch-interrupted``, or ``outcome-unknown`` after Messaging's receipts). The
+    lease (15 s) outlasts the outage, so no claim on a call in flight is lost meanwhile.
     """
     connections: dict[str, tuple[str, dict[str, Any]]] = {
-        "reviews": ("casework", {}),
-        "notices": ("messaging", {}),
+        "reviews": ("casework", ASKING),
+        "notices": ("messaging", ASKING),
     }
     workflows = ["two-mutations", "await-review", "timed-choice"]
     service, products = services.deploy(
         workflows, connections, webhooks=True, workers=4, lease="PT15S"
     )
-    reviews = open_reviews(products, 10)
+    reviews = [products.review() for _ in range(10)]  # left undecided, for now
     for key in reviews:
         service.start_run("await-review", {"requestId": key}, key=key)
     wait_for(dsn, "SELECT count(*) FROM waits", len(reviews))
@@ -353,10 +492,11 @@ def test_database_restart_under_load(cluster: Cluster, dsn: str, services: Servi
     for run in at_stop["asleep"] | at_stop["due"]:
         assert ended[run] == ("finished", "no", SLEPT), ended[run]
     held = [run for run, (state, _, _) in ended.items() if state == "held"]
-    for run in held:  # cut off in its dispatch: sealed, never sent
+    for run in held:  # cut off in its dispatch: sealed, never sent, and never took effect
         step = run_state(dsn, run)["step"]
         assert received[f"coordinator:{run}:{step}"] == 0, (run, step)
-    assert set(row["holds"]) <= {"dispatch-interrupted"}, row["holds"]
+        assert applied[f"coordinator:{run}:{step}"] == 0, (run, step)
+    assert set(row["holds"]) <= {"dispatch-interrupted", "outcome-unknown"}, row["holds"]
     assert row["states"]["finished"] == admitted - len(held)
     print(f"{len(held)} runs held, their dispatch cut off by the stop")
 
@@ -407,17 +547,6 @@ def final_states(dsn: str) -> dict[str, tuple[str, str | None, list[str]]]:
     return {r["id"]: (r["state"], r["outcome"], r["kinds"]) for r in rows}
 
 
-def open_reviews(products: StandIns, count: int) -> list[str]:
-    """Make ``count`` review requests at Casework, left undecided; their ids."""
-    auth = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
-    subject = {"kind": "restart", "subject": {"type": "a", "id": "1"}}
-    with httpx.Client(base_url=products.url("casework"), headers=auth) as casework:
-        return [
-            casework.post("/v1/review-requests", json=subject).json()["requestId"]
-            for _ in range(count)
-        ]
-
-
 def wait_ready(service: Service, status: int, timeout: float = 30) -> None:
     """Until the service's /ready answers ``status``."""
     deadline = time.monotonic() + timeout
@@ -446,10 +575,12 @@ def test_two_processes_under_load_do_no_step_twice(
 ) -> None:
     """Two service processes on one database and the same products take 200 runs between
     them; one is killed mid-load and started again. No step completes twice in any run,
-    and no mutation reaches a product twice."""
+    and no mutation takes effect twice or is sent again on a guess: a call the kill cut
+    off is asked about (by the identical request at Casework, for a receipt at
+    Messaging) before its run is held."""
     connections: dict[str, tuple[str, dict[str, Any]]] = {
-        "reviews": ("casework", {}),
-        "notices": ("messaging", {}),
+        "reviews": ("casework", ASKING),
+        "notices": ("messaging", ASKING),
     }
     first, products = services.deploy(["two-mutations"], connections, workers=3, lease="PT2S")
     settings = json.loads(first.config.read_text())
@@ -464,7 +595,13 @@ def test_two_processes_under_load_do_no_step_twice(
     second = services.start(other, log)
     wait_settled(dsn)
     row = summary("two processes (1 SIGKILL)", dsn, 200, 1, products)
-    assert set(row["holds"]) <= {"dispatch-interrupted"}, row["holds"]
+    assert set(row["holds"]) <= {"dispatch-interrupted", "outcome-unknown"}, row["holds"]
+    _, applied = mutations_seen(products)
+    with sync_connection(dsn) as conn:
+        for run in conn.execute("SELECT id::text AS id, state FROM runs").fetchall():
+            if run["state"] == "finished":  # each mutation took effect once
+                for step in ("ask", "tell"):
+                    assert applied[f"coordinator:{run['id']}:{step}"] == 1, (run, step)
     with sync_connection(dsn) as conn:
         twice = conn.execute(
             "SELECT run_id, step FROM run_events WHERE kind = 'step-completed' "
@@ -478,15 +615,22 @@ def test_two_processes_under_load_do_no_step_twice(
 
 
 def test_product_outage_and_hangs(dsn: str, services: Services) -> None:
+    """Messaging keeps ten submissions and never answers them (hangs after applying), then
+    Casework answers 503 to thirty requests, then Messaging hangs on five more while its
+    receipt route fails. An answer that never came is an unknown outcome, and Messaging
+    keeps receipts: the engine asks for the receipt of each (the original key and body,
+    on the receipt route), and the first ten runs finish with what the receipts confirm;
+    the 503s say Casework did not act, and are retried until those runs finish; the last
+    five, whose receipts no asking could have, are held ``outcome-unknown`` for an
+    operator. No submission is ever sent twice: every one was applied once, by its one
+    sending."""
     connections = {
         "reviews": ("casework", {}),
-        "notices": ("messaging", {"requestTimeout": "PT1S"}),
+        "notices": ("messaging", {"requestTimeout": "PT1S", **ASKING}),
     }
     service, products = services.deploy(["two-mutations"], connections, workers=4)
-    products.faults(
-        "messaging",
-        {"match": "POST /v1/messages", "mode": "hang-after-apply", "seconds": 5, "times": 10},
-    )
+    hang = {"match": "POST /v1/messages$", "mode": "hang-after-apply", "seconds": 5}
+    products.faults("messaging", {**hang, "times": 10})
     admitted = start_runs(service, 60, "hang")
     wait_settled(dsn)
     products.faults(
@@ -495,27 +639,75 @@ def test_product_outage_and_hangs(dsn: str, services: Services) -> None:
     )
     admitted += start_runs(service, 40, "busy")
     wait_settled(dsn)
-    row = summary("product hangs and 503s", dsn, admitted, 40, products)
-    # A hang after the product applied a mutation is an unknown outcome, held; the 503s
-    # were retried and finished.
-    assert row["holds"] == Counter({"outcome-unknown": 10})
-    assert row["states"]["finished"] == admitted - 10
+    confirmed = hung(dsn)
+    assert len(confirmed) == 10
+    receipts_down = {"match": "POST /v1/messages/receipt$", "mode": "status", "status": 500}
+    products.faults("messaging", {**hang, "times": 5}, receipts_down)
+    admitted += start_runs(service, 20, "unconfirmed")
+    wait_settled(dsn)
+    row = summary("product hangs and 503s", dsn, admitted, 45, products)
+    unconfirmed = hung(dsn) - confirmed
+    assert len(unconfirmed) == 5
+    # The hangs that receipts confirmed finished; the others are held, their outcome
+    # unknown to Coordinator (Messaging did act on each), after asking for the receipts.
+    assert row["holds"] == Counter({"outcome-unknown": 5})
+    assert row["states"]["finished"] == admitted - 5
+    received, applied = mutations_seen(products)
+    asked = receipts_asked(products)
+    for key in confirmed | unconfirmed:
+        assert received[key] == 1 and applied[key] == 1, key  # one sending, applied once
+    for key in confirmed:
+        assert asked[key][-1] == 200, (key, asked[key])
+        _, run, _ = key.split(":")
+        assert run_state(dsn, run)["state"] == "finished"
+    for key in unconfirmed:
+        assert asked[key] == [500, 500, 500], (key, asked[key])
+        _, run, _ = key.split(":")
+        found = run_state(dsn, run)
+        assert (found["state"], found["step"]) == ("held", "tell"), found
+        assert "asked the product for its receipt 3 times" in found["detail"], found
+    # The 503s were retried: those review requests were each sent until one was answered.
+    busy = [r for r in sent(products, "casework", "/v1/review-requests") if r["status"] == 503]
+    assert len(busy) == 30
+
+
+def hung(dsn: str) -> set[str]:
+    """The submissions whose answer never came (the run recorded its call lost), by their
+    idempotency keys."""
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT run_id::text AS run FROM run_events "
+            "WHERE kind = 'call-lost' AND step = 'tell'"
+        ).fetchall()
+    return {f"coordinator:{r['run']}:tell" for r in rows}
 
 
 def test_webhook_storm_resumes_each_run_once(dsn: str, services: Services) -> None:
+    """150 runs wait for Casework review results, whose ``review.completed`` events come as
+    a storm to the route Casework's outbox pushes them to (authenticated as it sends them:
+    the destination's secret as a bearer token): three events naming each review (its own,
+    with the event id Casework's feed lists for it, and two more), shuffled, a third of the
+    reviews' events before their runs exist, the rest each sent twice once their runs
+    wait. Every delivery is acknowledged with an empty 204; each run reads its result and
+    resumes exactly once. Casework's feed names the same events, but is read again only
+    ten minutes after the service's start (``feedPoll``): the storm wakes the runs."""
+    completions = {"secret": "env:STANDIN_WEBHOOK_SECRET"}
     connections: dict[str, tuple[str, dict[str, Any]]] = {
-        "reviews": ("casework", {"webhookSecret": "env:STANDIN_WEBHOOK_SECRET"})
+        "reviews": ("casework", {"completions": completions, "feedPoll": "PT10M"})
     }
     service, products = services.deploy(["await-review"], connections, workers=4)
-    keys = products.decided_reviews(150, "storm")
+    keys = products.decided_reviews(150, "application-review")
+    listed = completion_events(products)
+    assert set(listed) == set(keys)
     early, late = keys[:50], keys[50:]
-    deliveries = [(key, f"{key}-{copy}") for key in keys for copy in range(3)]
+    deliveries = [
+        (key, listed[key] if copy == 0 else str(uuid.uuid4())) for key in keys for copy in range(3)
+    ]
     random.Random(7).shuffle(deliveries)
 
     def deliver(key: str, event: str) -> None:
-        body = {"result": "review-decision", "key": key, "eventId": event}
-        response = service.http.post(**delivery_request(body))
-        assert response.status_code == 202
+        response = service.http.post(**completion_request(key, event_id=event))
+        assert (response.status_code, response.content) == (204, b""), response.text
 
     for key, event in deliveries:  # early ones: before their runs exist
         if key in early:
@@ -528,14 +720,38 @@ def test_webhook_storm_resumes_each_run_once(dsn: str, services: Services) -> No
             deliver(key, event)
             deliver(key, event)  # and again, the same event
     wait_settled(dsn)
-    summary("webhook storm", dsn, len(keys), len(deliveries) + len(late) * 3)
+    row = summary("webhook storm", dsn, len(keys), len(early) * 3 + len(late) * 6)
+    assert row["states"] == Counter({"finished": len(keys)})
     with sync_connection(dsn) as conn:
         resumed = conn.execute(
             "SELECT run_id, count(*) AS n FROM run_events WHERE kind = 'step-completed' "
             "AND step = 'wait' GROUP BY run_id"
         ).fetchall()
+        outputs = {r["output"]["decision"] for r in conn.execute("SELECT output FROM runs")}
     assert len(resumed) == len(keys)
     assert {r["n"] for r in resumed} == {1}
+    assert outputs == {"approved"}  # each as read from Casework
+    read = {r["path"] for r in products.requests("casework", "GET", "/v1/review-requests/")}
+    assert read == {f"/v1/review-requests/{key}/result" for key in keys}
+
+
+def completion_events(products: StandIns) -> dict[str, str]:
+    """The event id of each completion on Casework's result feed, by request id, read as
+    Coordinator reads it (its token and requester profile), page after page."""
+    headers = {
+        "Authorization": f"Bearer {STANDIN_TOKEN}",
+        "Registry-Casework-Profile": PARAMETERS["casework"]["profile"],
+    }
+    events: dict[str, str] = {}
+    query: dict[str, str | int] = {"limit": 100}
+    with httpx.Client(base_url=products.url("casework"), headers=headers) as casework:
+        while True:
+            page = casework.get("/v1/review-results", params=query)
+            assert page.status_code == 200, page.text
+            events |= {item["requestId"]: item["eventId"] for item in page.json()["items"]}
+            if "nextCursor" not in page.json():
+                return events
+            query = {"limit": 100, "cursor": page.json()["nextCursor"]}
 
 
 #: Faults of a hostile product, by stand-in, in the order each is met (each rule answers
@@ -567,29 +783,34 @@ HOSTILE: dict[str, list[dict[str, Any]]] = {
         {"match": "POST /v1/review-requests", "mode": "status", "status": 425, "times": 1},
     ],
     "messaging": [
-        {"match": "POST /v1/messages", "mode": "answer", "status": 202, "body": DEEP, "times": 2}
+        {"match": "POST /v1/messages$", "mode": "answer", "status": 202, "body": DEEP, "times": 2}
     ],
     "idp": [{"match": "POST /oauth2/token", "mode": "delay", "seconds": 2, "times": 1}],
 }
 
 
 def test_a_hostile_product(dsn: str, services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
-    """30 runs of the tutorial's workflow against products that answer 408, 423 and 425,
-    JSON with NaN, a NUL or 20,000 levels of nesting, keep results pending under webhooks
-    that say nothing final, and hand out tokens slowly; one run names the record "..".
-    Every run ends finished, held with its true reason, or (the "..") failed before
-    anything was sent; every read retried was retried because of a fault, every mutation
-    sent once, every pending result read once per delivery."""
+    """29 runs of the tutorial's workflow against products that answer 408, 423 and 425,
+    JSON with NaN, a NUL or 20,000 levels of nesting, push completions of reviews that are
+    still pending, and hand out tokens slowly; a run of a record read names the record "..",
+    and the tutorial's workflow refuses it at admission. Every run ends finished, held with
+    its true reason, or (the "..") failed before anything was sent. Every read retried was
+    retried because of a fault. A review request answered 408, 423 or 425 may have been
+    acted on: Coordinator asks Casework by the identical request under the same key, which
+    it acts on once, and the run goes on; an answer that cannot be used holds the run.
+    Every mutation took effect once, by one sending or its identical resend, and every
+    pending result was read once per completion pushed."""
     idp = free_port()
     monkeypatch.setenv("STANDIN_CLIENT_SECRET", "s3cret-for-tests")
     identity = oauth2(idp, clientSecret="env:STANDIN_CLIENT_SECRET")
     connections: dict[str, tuple[str, dict[str, Any]]] = {
         "applications": ("breg", {}),
+        "records": ("breg", {}),
         "reviews": ("casework", {}),
         "notices": ("messaging", {"identity": identity}),
     }
     service, products = services.deploy(
-        ["review-application"],
+        ["review-application", "lookup"],
         connections,
         webhooks=True,
         also={"idp": idp},
@@ -598,9 +819,16 @@ def test_a_hostile_product(dsn: str, services: Services, monkeypatch: pytest.Mon
     for product, rules in HOSTILE.items():
         products.faults(product, *rules)
     runs = [
-        service.start_run("review-application", {"applicationId": f"app-{n}"}) for n in range(29)
+        service.start_run("review-application", {"applicationId": f"{RECORDS}{n:012d}"})
+        for n in range(29)
     ]
-    dots = service.start_run("review-application", {"applicationId": ".."})
+    refused = service.http.post(
+        "/v1/runs",
+        json={"workflow": "review-application", "input": {"applicationId": ".."}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert (refused.status_code, refused.json()["code"]) == (422, "input.invalid")
+    dots = service.start_run("lookup", {"recordId": ".."})
     wait_for(
         dsn,
         "SELECT count(*) FROM runs WHERE ended_at IS NULL AND state <> 'held' "
@@ -615,9 +843,13 @@ def test_a_hostile_product(dsn: str, services: Services, monkeypatch: pytest.Mon
                 "SELECT key FROM waits WHERE step = 'await_decision' ORDER BY key"
             ).fetchall()
         ]
-    for key in keys:  # a webhook that says nothing final: one read, and the wait goes on
+    for key in keys:  # a completion of a review still pending: one read, and the wait goes on
         pending(service, key)
     wait_for(dsn, "SELECT count(*) FROM run_events WHERE kind = 'result-delivered'", len(keys))
+    until(
+        lambda: len(results_read(products, 202)) == len(keys) or None,
+        "each pending review read once",
+    )
     for key in keys:
         decide(products, key)
     wait_settled(dsn)
@@ -630,28 +862,49 @@ def test_a_hostile_product(dsn: str, services: Services, monkeypatch: pytest.Mon
         ended=frozenset({"finished", "held", "failed"}),
     )
     reads = products.requests("breg", "GET", "/v1/records/")
-    results = Counter(
-        r["path"] for r in products.requests("casework", "GET", "/v1/review-requests/")
-    )
-    sent_messages = products.requests("messaging", "POST", "/v1/messages")
-    assert row["holds"] == Counter({"response-invalid": 4, "outcome-unknown": 4})
-    assert row["states"] == Counter({"finished": 21, "held": 8, "failed": 1})
+    results = Counter(r["path"] for r in results_read(products))
+    sent_messages = sent(products, "messaging", "/v1/messages")
+    assert row["holds"] == Counter({"response-invalid": 4})
+    assert row["states"] == Counter({"finished": 25, "held": 4, "failed": 1})
     assert run_state(dsn, dots)["failure_code"] == "request-invalid"
     assert len(reads) == 29 + 15  # each unusable answer was read again once, nothing more
-    assert set(results.values()) == {2}  # each review: its pending webhook, its decision
-    assert len(results) == len(keys) == 29 - 6
+    assert all(".." not in r["path"] for r in products.ledger("breg")["requests"])
+    assert set(results.values()) == {2}  # each review: its pending completion, its decision
+    assert len(results) == len(keys) == 29 - 2
     assert len(sent_messages) == len(keys)
+    received, applied = mutations_seen(products)
     with sync_connection(dsn) as conn:
-        unknown = Counter(
-            r["detail"][:3]
+        asked = {
+            str(r["run_id"]): r["detail"]["detail"]
             for r in conn.execute(
-                "SELECT detail FROM runs WHERE hold_code = 'outcome-unknown'"
+                "SELECT run_id, detail FROM run_events WHERE kind = 'verify-scheduled'"
             ).fetchall()
-        )
-    assert unknown == Counter({"408": 2, "423": 1, "425": 1})
+        }
+    # The answers that said nothing of what Casework did: each asked about once, by the
+    # identical request, which Casework acted on (the faults had answered for it).
+    assert Counter(why[:3] for why in asked.values()) == Counter({"408": 2, "423": 1, "425": 1})
+    for run in asked:  # and the run went on with Casework's answer to it
+        key = f"coordinator:{run}:request_review"
+        assert (received[key], applied[key]) == (2, 1), key
+        assert run_state(dsn, run)["step"] not in ("read_application", "request_review")
+        assert run_state(dsn, run)["outputs"]["request_review"]["requestId"] in keys
+
+
+#: The first groups of the applications' record ids (UUIDs, as BReg's are).
+RECORDS = "00000000-0000-4000-8000-"
+
+
+def results_read(products: StandIns, status: int | None = None) -> list[dict[str, Any]]:
+    """Casework's answers to reads of review results (those of ``status``, if given)."""
+    return [
+        r
+        for r in products.requests("casework", "GET", "/v1/review-requests/")
+        if status is None or r.get("status") == status
+    ]
 
 
 def pending(service: Service, key: str) -> None:
-    body = {"result": "review-decision", "key": key, "eventId": f"{key}-p"}
-    response = service.http.post(**delivery_request(body))
-    assert response.status_code == 202 and response.json()["woke"] == 1
+    """A ``review.completed`` of a review Casework has not decided, pushed as Casework
+    pushes one: it wakes the run, which reads the result and finds it pending."""
+    response = service.http.post(**completion_request(key))
+    assert (response.status_code, response.content) == (204, b""), response.text

@@ -244,7 +244,8 @@ def test_a_restarted_process_takes_over_its_predecessors_claims_at_once(
     connections: dict[str, tuple[str, dict[str, Any]]] = {"records": ("breg", {"poolSize": 8})}
     service, products = services.deploy(["lookup"], connections, lease="PT60S", workers=4)
     products.faults("breg", {"match": "GET /v1/", "mode": "delay", "seconds": 120})
-    runs = [service.start_run("lookup", {"recordId": f"app-{n}"}) for n in range(5)]
+    records = [f"00000000-0000-4000-8000-{n:012d}" for n in range(5)]  # BReg's UUID ids
+    runs = [service.start_run("lookup", {"recordId": record}) for record in records]
     wait_for(dsn, "SELECT count(*) FROM runs WHERE dispatched_at IS NOT NULL", 5)
     service.kill()
     products.faults("breg")

@@ -12,7 +12,13 @@ import trio
 
 from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import RunState
-from tests.engine.test_call_tasks import breg, breg_config, call_pool, claimed_call
+from tests.engine.test_call_tasks import (
+    breg,
+    breg_config,
+    call_pool,
+    claimed_call,
+    invocations,
+)
 from tests.harness import STANDIN_TOKEN, events
 from tests.interleave import Failing
 
@@ -50,7 +56,8 @@ async def test_an_outage_while_a_mutation_is_sealed_is_waited_out_and_it_is_sent
         row = run_row(dsn)
     assert failing.refused.is_set()
     assert row == {"state": RunState.FINISHED, "outcome": "acted", "hold_code": None}
-    assert len(product.ledger.requests) == 1
+    assert len(invocations(product)) == 1
+    assert list(product.ledger.applied.values()) == [1]
     assert [e["kind"] for e in events(dsn, str(run.id))] == [
         "admitted",
         "call-dispatched",

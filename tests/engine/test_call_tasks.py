@@ -17,8 +17,10 @@ import pytest
 import trio
 from trio import fail_after
 
+from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.devtools.standins import StandIn, Tokens
+from registry_coordinator.devtools.standins import Tokens
+from registry_coordinator.devtools.standins.breg import BReg
 from registry_coordinator.engine import store
 from registry_coordinator.engine.calls import Calls, Proceed, Sending, open_products
 from registry_coordinator.engine.config import Config, load_config
@@ -30,7 +32,7 @@ from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import operations
 from registry_coordinator.semantics.codes import RunState
-from registry_coordinator.semantics.steps import Held, Request, Send, on_due
+from registry_coordinator.semantics.steps import Held, Request, Send, bind, on_due
 from tests.harness import (
     STANDIN_TOKEN,
     admit,
@@ -43,6 +45,8 @@ from tests.harness import (
 from tests.interleave import Failing, Paused
 
 LEASE = timedelta(seconds=30)
+#: The record the runs act on (BReg's record ids are UUIDs).
+RECORD = "8d0f4a52-5b7e-4c1a-9e36-2f1c7b5d9a10"
 #: Seconds after which a test that waits for something is failed as hung, not timed.
 HANG = 60
 
@@ -54,10 +58,10 @@ def breg_config(tmp_path: Path, dsn: str, workflow: str, port: int) -> Config:
 
 
 @asynccontextmanager
-async def breg(dsn: str, size: int = 2) -> AsyncIterator[tuple[Database, StandIn, int]]:
+async def breg(dsn: str, size: int = 2) -> AsyncIterator[tuple[Database, BReg, int]]:
     """A migrated database and a stand-in BReg serving on a free port."""
     port = free_port()
-    product = StandIn("breg", Tokens(STANDIN_TOKEN))
+    product = BReg(Tokens(STANDIN_TOKEN))
     async with database(dsn, size) as db, trio.open_nursery() as nursery:
         await nursery.start(product.serve, "127.0.0.1", port)
         yield db, product, port
@@ -89,12 +93,18 @@ async def call_pool(
 async def claimed_call(
     db: Database, workflow: str, lease: timedelta = LEASE
 ) -> tuple[Definition, store.Claimed, Send]:
-    definition, _ = await admit(db, workflow, {"recordId": "app-1"})
+    definition, _ = await admit(db, workflow, {"recordId": RECORD})
     run = await store.claim(db, "holder:1", lease)
     assert run is not None
     send = on_due(definition, run.record(), run.step, False, None, run.now())
     assert isinstance(send, Send)
     return definition, run, send
+
+
+def invocations(product: BReg) -> list[dict[str, object]]:
+    """The action invocations BReg was sent (not the reads that prepared them: its
+    registry's metadata and its target's conditions, which cause no effect)."""
+    return [r for r in product.ledger.requests if r["path"] == "/v1/actions/mark-reviewed"]
 
 
 def run_row(dsn: str) -> dict[str, object]:
@@ -166,7 +176,8 @@ async def test_a_request_sealed_as_the_shutdown_came_is_recorded_as_not_sent(
         assert isinstance(
             on_due(definition, again.record(), again.step, False, again.timer_at, later), Send
         )
-    assert product.ledger.requests == []
+    assert invocations(product) == []  # prepared, sealed, never sent
+    assert not product.ledger.applied
     history = events(dsn, str(run.id))
     assert [e["kind"] for e in history] == [
         "admitted",
@@ -227,10 +238,14 @@ async def test_an_answer_after_the_claim_was_lost_is_kept_and_reconcile_uses_it(
     ]
     assert history[2]["detail"] == {"attempt": 1, "detail": INTERRUPTED}
     assert history[-1]["detail"]["evidence"] == "late-answer"
-    assert len(product.ledger.requests) == 1  # nothing was sent again
+    assert len(invocations(product)) == 1  # nothing was sent again
+    assert list(product.ledger.applied.values()) == [1]
     with sync_connection(dsn) as conn:
         outputs = conn.execute("SELECT outputs FROM runs").fetchone()
-    assert outputs is not None and outputs["outputs"]["invoke"]["status"] == "accepted"
+    assert outputs is not None
+    invoked = outputs["outputs"]["invoke"]
+    assert invoked["action"] == "mark-reviewed"
+    assert invoked["results"]["application"]["recordId"] == RECORD
 
 
 @pytest.mark.trio
@@ -261,8 +276,8 @@ async def test_an_answer_the_database_refuses_holds_the_run_with_the_answer_kept
         execution = conn.execute("SELECT outcome, status, response FROM executions").fetchone()
     assert execution is not None
     assert (execution["outcome"], execution["status"]) == ("response", 200)
-    assert b'"status": "accepted"' in bytes(execution["response"])
-    assert len(product.ledger.requests) == 1
+    assert b'"action": "mark-reviewed"' in bytes(execution["response"])
+    assert len(invocations(product)) == 1
 
 
 @pytest.mark.trio
@@ -277,7 +292,10 @@ async def test_the_connection_trace_tells_when_a_request_leaves(
         config = breg_config(tmp_path, dsn, "act", port)
         async with open_products(config.connections) as (products, _):
             registry = products["registry"]
-            read = Request("GET", "/v1/records/applications/app-1", None, None)
+            record = Request("GET", f"/v1/records/applications/{RECORD}", None, None)
+            reading = builtin_catalog().operation("breg", "read-record")
+            assert reading is not None
+            read = bind(reading, record, registry.config.parameters)  # its accessProfile
             sending = Sending()
             assert sending.never_left
             reply = await registry.send(

@@ -41,15 +41,26 @@ SENDING = (
     "late_status",
     "late_at",
 )
+
+
+def record_id(key: str) -> str:
+    """The BReg record (its id a UUID) the run started with ``key`` acts on."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"breg.test/applications/{key}"))
+
+
 #: BReg's answer to read-record that takes bench-four's choice to its mutation.
 AWAITING_REVIEW = json.dumps(
     {
         "data": {
-            "recordIdentifier": "app-1",
-            "revisionIdentifier": "r1",
+            "recordIdentifier": record_id("app-1"),
+            "revisionIdentifier": "1",
             "domainData": {"status": "awaiting-review"},
         },
-        "meta": {},
+        "meta": {
+            "registryIdentifier": "applications-registry",
+            "datasetIdentifier": "applications",
+            "entityTypeIdentifier": "application",
+        },
     }
 ).encode()
 
@@ -76,7 +87,7 @@ async def start(db: Database, pinned: Pinned, caller: str, key: str, run_input: 
 
 async def claimed(db: Database, pinned: Pinned, caller: str, key: str) -> store.Claimed:
     """A new run, claimed at its first step (no other run is due)."""
-    run_id = await start(db, pinned, caller, key, {"recordId": key})
+    run_id = await start(db, pinned, caller, key, {"recordId": record_id(key)})
     run = await store.claim(db, "holder:1", LEASE)
     assert run is not None and run.id == run_id
     return run
@@ -214,7 +225,13 @@ async def test_held_runs_come_oldest_first_with_their_steps_latest_sending_as_th
     """Three held runs: one whose mutation was answered 502 after its read went through,
     one held before it sent anything, one held after sending whose answer came late. A
     running run is not held work."""
-    late_body = b'{"actionId": "x-1", "status": "accepted"}'
+    late_body = json.dumps(
+        {
+            "action": "mark-reviewed",
+            "applicationId": "5e2b7c9d-1f3a-4b6c-8d0e-2a4c6e8f0b1d",
+            "results": {},
+        }
+    ).encode()
     async with database(dsn) as db:
         bench = await pin(db, TEST_WORKFLOWS / "bench-four.yaml")
         act = await pin(db, TEST_WORKFLOWS / "act.yaml")
@@ -304,7 +321,7 @@ async def test_a_runs_record_and_its_call_attempts_in_the_order_they_were_sealed
         assert await console_reads.executions(db, uuid.uuid4()) == []
     assert detail is not None
     assert set(detail) == {"input", "start_key", "completed", "outputs"}
-    assert detail["input"] == {"recordId": "app-1"} and detail["start_key"] == "app-1"
+    assert detail["input"] == {"recordId": record_id("app-1")} and detail["start_key"] == "app-1"
     assert set(detail["completed"]) == {"read", "decide"}
     assert detail["outputs"]["read"]["data"]["domainData"] == {"status": "awaiting-review"}
     assert [(a["step"], a["attempt"], a["method"]) for a in attempts] == [

@@ -8,6 +8,7 @@ the store's own statements; only the moment each runs is chosen by the test.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from datetime import datetime, timedelta
@@ -39,8 +40,19 @@ def at_once(due: datetime, run: Claimed) -> bool:
     return due < run.now() + POLL / 2
 
 
-KEY = "rv-1"
-DECIDED = {"requestId": KEY, "decision": "approved", "decidedAt": None, "reviewer": None}
+#: The review request the runs wait on (Casework's ids are UUIDs).
+KEY = "3f6c1e2a-7b4d-4e8f-9a15-0c2d4b6e8f10"
+#: Casework's result for it, decided: as ``GET /v1/review-requests/{KEY}/result`` answers.
+DECIDED = {
+    "resultId": "b1d2e3f4-a5b6-4c7d-8e9f-0a1b2c3d4e5f",
+    "requestId": KEY,
+    "subject": {"source": "applications-registry", "type": "application", "id": "a-1"},
+    "policy": {"id": "application-review", "version": "1", "digest": "sha256:" + "0" * 64},
+    "submissionDigest": "sha256:" + "1" * 64,
+    "status": "approved",
+    "completedAt": "2026-12-02T10:00:00Z",
+    "availableUntil": "2027-01-01T10:00:00Z",
+}
 
 
 def delivery(event_id: str = "evt-1") -> store.Delivery:
@@ -222,12 +234,23 @@ async def test_a_settlement_sent_again_after_an_outage_hid_its_commit_applies_on
     """The call's answer was recorded, but the connection broke before PostgreSQL's reply
     came back; the holder sends the same statement again (as it does through an outage).
     It finds its own settlement and carries on: one step-completed, not two."""
-    body = (
-        b'{"data": {"recordIdentifier": "r", "revisionIdentifier": "1", '
-        b'"domainData": {"status": "awaiting-review"}}, "meta": {}}'
-    )
+    record = "8d0f4a52-5b7e-4c1a-9e36-2f1c7b5d9a10"
+    body = json.dumps(
+        {
+            "data": {
+                "recordIdentifier": record,
+                "revisionIdentifier": "1",
+                "domainData": {"status": "awaiting-review"},
+            },
+            "meta": {
+                "registryIdentifier": "applications-registry",
+                "datasetIdentifier": "applications",
+                "entityTypeIdentifier": "application",
+            },
+        }
+    ).encode()
     async with database(dsn) as db:
-        definition, run_id = await admit(db, "bench-four", {"recordId": "app-1"})
+        definition, run_id = await admit(db, "bench-four", {"recordId": record})
         run = await store.claim(db, "holder:1", LEASE)
         assert run is not None
         read = on_due(definition, run.record(), run.step, False, None, run.now())

@@ -105,11 +105,17 @@ async def test_the_step_after_the_chain_is_decided_once_at_the_instant_it_commit
     assert definition is not None and checked.artifact and checked.digest
     async with database(dsn) as db:
         await store.store_definition(db, definition, checked.digest, checked.artifact)
-        await store.admit(db, definition, checked.digest, "test", "k", {"recordId": "app-1"})
+        record_id = "8d0f4a52-5b7e-4c1a-9e36-2f1c7b5d9a10"  # BReg's record ids are UUIDs
+        await store.admit(db, definition, checked.digest, "test", "k", {"recordId": record_id})
         run = await store.claim(db, "holder:1", LEASE)
         assert run is not None
-        record = {"recordIdentifier": "app-1", "revisionIdentifier": "r1"}
-        answer = {"data": {**record, "domainData": {"status": "awaiting-review"}}, "meta": {}}
+        record = {"recordIdentifier": record_id, "revisionIdentifier": "1"}
+        meta = {
+            "registryIdentifier": "applications-registry",
+            "datasetIdentifier": "applications",
+            "entityTypeIdentifier": "application",
+        }
+        answer = {"data": {**record, "domainData": {"status": "awaiting-review"}}, "meta": meta}
         reply = Reply(ReplyKind.RESPONSE, 200, json.dumps(answer).encode())
         now = run.now()
         read = settle(definition, "read", reply, 0, now)

@@ -17,12 +17,13 @@ import pytest
 
 from registry_coordinator.authoring.artifact import check_source, load
 from registry_coordinator.authoring.canonical import canonical_bytes
+from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.checker import MAX_CONNECTIONS
 from registry_coordinator.authoring.diagnostics import Diagnostic, Position, Refused
 from tests.harness import WORKFLOWS
 
 TUTORIAL = (WORKFLOWS / "review-application" / "workflow.yaml").read_text()
-WHEN = 'steps.await_decision.decision == "approved"'  # line 59, from column 15
+WHEN = 'steps.await_decision.status == "approved"'  # line 72, from column 15
 UNKNOWN_VARIABLE = "expression.unknown-variable"
 NOT_DOMINATING = "dataflow.not-dominating"
 
@@ -43,7 +44,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "steps.nope names no step",
             "name one of the workflow's steps",
-            (59, 15),
+            (72, 15),
         ),
         (
             WHEN,
@@ -51,7 +52,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "steps.notfy names no step",
             "did you mean 'notify'?",
-            (59, 15),
+            (72, 15),
         ),
         (
             WHEN,
@@ -59,7 +60,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             "dataflow.no-output",
             "step 'route' is a choose step and produces no data",
             "read the output of a call or wait-for step instead",
-            (59, 15),
+            (72, 15),
         ),
         (
             "key: steps.request_review.requestId",
@@ -67,7 +68,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             NOT_DOMINATING,
             "step 'await_decision' reads steps.await_decision, its own, which does not exist yet",
             "read only steps that come before this one",
-            (52, 10),
+            (65, 10),
         ),
         (
             WHEN,
@@ -75,17 +76,17 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             NOT_DOMINATING,
             "steps.notify is read at step 'route', but 'notify' does not run on every path to it",
             "read steps.notify only in steps that every path reaches through 'notify'",
-            (59, 15),
+            (72, 15),
         ),
         (
             "  not_decided:  {type: finish, outcome: not-decided}",
             "  not_decided:  {type: finish, outcome: not-decided, "
-            "output: '${{ steps.await_decision.decision }}'}",
+            "output: '${{ steps.await_decision.status }}'}",
             NOT_DOMINATING,
             "steps.await_decision is read here, but some path reaches step 'not_decided' "
             "through 'await_decision' on-timeout, where its result never arrived",
             "read it only on steps reached through its next, or guard the read in a choose",
-            (89, 67),
+            (116, 67),
         ),
         (
             WHEN,
@@ -93,7 +94,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "steps is read as a whole",
             "name one step: steps.<step id>",
-            (59, 20),
+            (72, 20),
         ),
         (
             WHEN,
@@ -101,7 +102,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "there is no 'now': a run's decisions depend only on its recorded data",
             "use run.admitted_at, run.deadline_at or completed.<step id> with a duration",
-            (59, 15),
+            (72, 15),
         ),
         (
             WHEN,
@@ -109,7 +110,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "run has no field 'started'",
             "use run.id, run.admitted_at or run.deadline_at",
-            (59, 15),
+            (72, 15),
         ),
         (
             WHEN,
@@ -117,7 +118,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "there is no variable 'foo'",
             "expressions can read input, steps.<id>, completed.<id> and run",
-            (59, 15),
+            (72, 15),
         ),
         (
             'recordId: "${{ input.applicationId }}"',
@@ -125,7 +126,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "there is no variable 'nope'",
             "expressions can read input, steps.<id>, completed.<id> and run",
-            (39, 25),
+            (41, 25),
         ),
         (
             'recordId: "${{ input.applicationId }}"',
@@ -133,7 +134,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             "expression.template",
             "a ${{ is not closed by }} in '${{ input.applicationId'",
             "write each expression as ${{ expression }}",
-            (39, 18),
+            (41, 18),
         ),
         (
             WHEN,
@@ -141,7 +142,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "completed.nope names no step",
             "name one of the workflow's steps",
-            (59, 15),
+            (72, 15),
         ),
         (
             WHEN,
@@ -149,7 +150,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "completed is read as a whole",
             "name one step: completed.<step id>",
-            (59, 20),
+            (72, 20),
         ),
         (
             WHEN,
@@ -157,7 +158,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             UNKNOWN_VARIABLE,
             "run has no field 'a.b'",
             "use run.id, run.admitted_at or run.deadline_at",
-            (59, 15),
+            (72, 15),
         ),
         (
             "result: reviews.review-decision",
@@ -165,7 +166,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             "step.unknown-connection",
             "step 'await_decision' uses connection 'nowhere', which the workflow does not declare",
             "declare it under connections, or use one of: applications, reviews, notices",
-            (51, 13),
+            (64, 13),
         ),
         (
             "result: reviews.review-decision",
@@ -173,7 +174,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             "step.unknown-result",
             "product breg has no result 'review-decision'",
             "use one of: (it has none)",
-            (51, 13),
+            (64, 13),
         ),
         (
             "    timeout: P14D\n",
@@ -181,7 +182,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             "step.timeout-exceeds-deadline",
             "step 'await_decision' waits up to P61D, longer than the workflow deadline P60D",
             "shorten the timeout or lengthen the deadline: the run would expire first",
-            (53, 14),
+            (66, 14),
         ),
         (
             WHEN,
@@ -189,7 +190,7 @@ def diagnostics(tmp_path: Path, old: str, new: str) -> list[Diagnostic]:
             "expression.type",
             "in `1 + 'a'`: found no matching overload for '_+_' applied to '(int, string)'",
             "change the expression so its value has the type this field needs",
-            (59, 17),
+            (72, 17),
         ),
     ],
 )
@@ -202,8 +203,10 @@ def test_an_expressions_diagnostic_names_the_problem_and_its_place(
     assert found.file == str(tmp_path / "workflow.yaml")
 
 
-RECORD_ID = 'recordId: "${{ input.applicationId }}"'  # line 39, from column 7
+RECORD_ID = 'recordId: "${{ input.applicationId }}"'  # line 41, from column 7
 READ_INPUT = "step 'read_application' input does not fit operation breg/read-record: "
+#: read-record's contract moved with the real BReg's: a mismatch says how, in its repair.
+READ_MOVED = builtin_catalog().products["breg"].operations["read-record"].descriptor["moved"]
 
 
 @pytest.mark.parametrize(
@@ -228,8 +231,15 @@ def test_a_call_input_that_cannot_fit_its_operation_is_refused_where_it_is(
 ) -> None:
     [found] = diagnostics(tmp_path, RECORD_ID, new)
     assert (found.code, found.message) == ("step.input-schema", READ_INPUT + mismatch)
-    assert found.repair == "change the input to fit operation breg/read-record"
-    assert found.position == (Position(39, at) if at else Position(37, 5))
+    assert found.repair == f"change the input to fit operation breg/read-record: {READ_MOVED}"
+    assert found.position == (Position(41, at) if at else Position(39, 5))
+
+
+def test_how_an_operation_moved_is_said_once_with_its_first_mismatch(tmp_path: Path) -> None:
+    assert READ_MOVED.startswith("since catalog 2026.12.1 recordId is a canonical lowercase UUID")
+    first, second = diagnostics(tmp_path, RECORD_ID, 'recordId: 5\n      extra: "x"')
+    assert first.repair == f"change the input to fit operation breg/read-record: {READ_MOVED}"
+    assert second.repair == "change the input to fit operation breg/read-record"
 
 
 def test_input_that_may_fit_at_run_time_is_left_to_run_time(tmp_path: Path) -> None:
@@ -247,7 +257,7 @@ def test_a_wait_until_needs_a_timestamp_or_its_text(tmp_path: Path) -> None:
     assert (found.code, found.message, found.position) == (
         "expression.type",
         "in `5`: the expression gives an int, not a string or a timestamp",
-        Position(35, 10),
+        Position(37, 10),
     )
     path.write_text(source.replace(at, "at: \"'2026-01-01T00:00:00Z'\""))
     assert check_source(path).diagnostics == []
@@ -272,7 +282,7 @@ def test_an_omitted_output_is_null_and_said_so(tmp_path: Path) -> None:
         "the expression gives an integer, but string is needed"
     )
     assert typed.repair == "change the output to fit outcome 'approved-and-notified'"
-    assert typed.position == Position(83, 25)
+    assert typed.position == Position(104, 25)
 
 
 NOT_DECIDED = "  not_decided:  {type: finish, outcome: not-decided}\n"
@@ -289,7 +299,7 @@ NOT_DECIDED = "  not_decided:  {type: finish, outcome: not-decided}\n"
                 "error",
                 "step 'orphan' cannot be reached from start 'read_application'",
                 "remove the step, or name it in a next of a reachable step",
-                Position(90, 3),
+                Position(117, 3),
             ),
         ),
         (
@@ -300,7 +310,7 @@ NOT_DECIDED = "  not_decided:  {type: finish, outcome: not-decided}\n"
                 "error",
                 "outcome 'spare' is declared but no finish step uses it",
                 "remove the outcome, or add a finish step that ends with it",
-                Position(31, 3),
+                Position(33, 3),
             ),
         ),
         (
@@ -311,7 +321,7 @@ NOT_DECIDED = "  not_decided:  {type: finish, outcome: not-decided}\n"
                 "warning",
                 "connection 'extra' is declared but no step uses it",
                 "remove it, so operators need not bind it",
-                Position(20, 3),
+                Position(22, 3),
             ),
         ),
     ],
@@ -327,20 +337,20 @@ def test_a_declaration_nothing_uses_is_pointed_at_by_its_name(
 
 
 def test_a_syntax_error_is_shown_with_the_expression_on_one_line(tmp_path: Path) -> None:
-    [found] = diagnostics(tmp_path, WHEN, "steps.await_decision.decision ==")
+    [found] = diagnostics(tmp_path, WHEN, "steps.await_decision.status ==")
     assert found.code == "expression.syntax"
     assert found.message.startswith(
-        "the CEL expression `steps.await_decision.decision ==` does not parse: Syntax error: "
+        "the CEL expression `steps.await_decision.status ==` does not parse: Syntax error: "
     )
     assert found.repair == "fix the expression's syntax (see https://cel.dev)"
-    assert found.position == Position(59, 47)
+    assert found.position == Position(72, 45)
 
 
 def test_a_name_on_a_later_line_of_an_expression_is_placed_on_that_line(tmp_path: Path) -> None:
     block = "- when: |-\n          1 == 1 &&\n            steps.nope.x == 1 &&\n          true"
     [found] = diagnostics(tmp_path, f"- when: {WHEN}", block)
     assert found.message == "steps.nope names no step"
-    assert found.position is not None and found.position.line == 60
+    assert found.position is not None and found.position.line == 73
 
 
 def stored_tutorial() -> dict[str, Any]:
@@ -353,7 +363,7 @@ def stored_tutorial() -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("path", "broken"),
     [
-        (("route", "cases", 0, "when"), "steps.await_decision.decision =="),
+        (("route", "cases", 0, "when"), "steps.await_decision.status =="),
         (("await_decision", "key"), "steps.request_review.requestId +"),
         (("read_application", "input", "recordId"), "${{ input. }}"),
         (("approved", "output", "messageId"), "${{ steps.notify. }}"),
@@ -515,3 +525,28 @@ def test_a_workflow_at_a_limit_is_within_it(tmp_path: Path) -> None:
     )
     codes = {d.code for d in check_source(path).diagnostics}
     assert codes == {"connection.unused"}
+
+
+def test_a_literal_input_that_fits_no_form_says_why_each_form_does_not(tmp_path: Path) -> None:
+    """Messaging's request takes a template with its locale and data, or content: a call
+    written in full, with no expression, that fits neither is told what each form lacks,
+    not only that it is "valid under none of the given schemas"."""
+    old = """\
+      to: {email: "${{ steps.read_application.data.domainData.email }}"}
+      template: {id: application-approved, version: "1"}
+      locale: en
+      data: {applicationId: "${{ input.applicationId }}"}
+      correlationId: "${{ run.id }}"
+"""
+    new = """\
+      to: {email: a@example.org}
+      template: {id: application-approved, version: "1"}
+      data: {}
+"""
+    [found] = diagnostics(tmp_path, old, new)
+    assert found.code == "step.input-schema"
+    assert "not valid under any of the given schemas" not in found.message
+    assert found.message.startswith(
+        "step 'notify' input does not fit operation messaging/submit-message: it fits none "
+        "of the forms it may take: "
+    )

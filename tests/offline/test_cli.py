@@ -46,10 +46,11 @@ def test_graph_mermaid() -> None:
     assert lines[0] == "flowchart TD"
     assert "  entry(( )) --> step_read_application" in lines
     assert (
-        '  step_route -->|"steps.await_decision.decision == #quot;approved#quot;"| step_notify'
+        '  step_route -->|"steps.await_decision.status == #quot;approved#quot;"| step_notify'
         in lines
     )
     assert '  step_await_decision -.->|"on-timeout"| step_not_decided' in lines
+    assert '  step_delivered -->|"otherwise"| step_approved_unconfirmed_as_read' in lines
 
 
 def test_graph_mermaid_names_nodes_apart_from_its_keywords_and_its_entry(tmp_path: Path) -> None:
@@ -211,21 +212,34 @@ def test_migrate_without_a_database_says_so_and_exits_3(tmp_path: Path) -> None:
 def test_catalog_lists_products_then_one_then_an_operations_schemas() -> None:
     every = coordinator("catalog")
     assert every.returncode == 0, every.stderr
-    assert every.stdout.startswith("breg 2026.11.1\n  operations:\n")
+    assert every.stdout.startswith(
+        "breg 2026.12.1\n"
+        "  connection-bound parameters (set per connection, never workflow input):\n"
+        "    accessProfile: sent as query accessProfile — the BReg access profile "
+    )
     assert "    submit-message: mutation POST /v1/messages, Idempotency-Key — " in every.stdout
     assert "  results (for wait-for):\n    review-decision: keyed by requestId" in every.stdout
+    assert (
+        "    message-delivered: keyed by id, read with read-message, final when status is "
+        "cancelled, delivered, expired, failed; or report is unavailable and status is "
+        "submitted; the product sends nothing: it is read on a backoff schedule — "
+    ) in every.stdout
     one = coordinator("catalog", "messaging")
-    assert one.stdout.startswith("messaging 2026.11.1\n") and "breg" not in one.stdout
+    assert one.stdout.startswith("messaging 2026.12.1\n") and "breg" not in one.stdout
+    assert "    senderProfile: sent as body senderProfile — " in one.stdout
     op = coordinator("catalog", "messaging", "submit-message")
     assert op.returncode == 0, op.stderr
     lines = op.stdout.splitlines()
-    assert lines[:4] == [
-        "messaging/submit-message: Submit a templated message for delivery (accepted with 202)",
+    assert lines[:6] == [
+        "messaging/submit-message: Submit one message to one recipient, from a template (with "
+        "its locale and data) or as direct content; accepted with 202 and queued, never yet "
+        "delivered",
         "  POST /v1/messages",
         "  effect: mutation; recovery after an unknown outcome: same-command-and-receipt",
         "  Idempotency-Key: sent",
+        "  sends the connection's senderProfile (body senderProfile)",
+        "  receipt lookup: POST /v1/messages/receipt with the original key and body",
     ]
-    assert "  receipt lookup: GET /v1/messages/by-idempotency-key/{key}" in lines
     assert '      "required": [' in lines  # the input schema, whole
     typo = coordinator("catalog", "mesaging")
     assert typo.returncode == 2

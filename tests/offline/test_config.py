@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.diagnostics import Refused
-from registry_coordinator.engine.config import TracingConfig, load_config
+from registry_coordinator.engine.config import ClientCredentials, TracingConfig, load_config
 from registry_coordinator.engine.workflows import load_service
 from tests.harness import ROOT, coordinator, package, refused
 
@@ -32,11 +32,21 @@ def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("COORDINATOR_AUDIT_KEY", _pem(key))
     for name in ("COORDINATOR_CLIENT_SECRET", "CASEWORK_TOKEN", "MESSAGING_TOKEN"):
         monkeypatch.setenv(name, "a-secret")
-    for name in ("CASEWORK_WEBHOOK_SECRET", "MESSAGING_WEBHOOK_SECRET"):
-        monkeypatch.setenv(name, "a-webhook-secret")
+    monkeypatch.setenv("CASEWORK_COMPLETION_SECRET", "a-completion-secret")
     config = load_config(ROOT / "config" / "coordinator.example.yaml")
     assert sorted(config.connections) == ["applications", "notices", "reviews"]
     assert {c.product for c in config.connections.values()} == {"breg", "casework", "messaging"}
+    # The deployment's own parameters, set per connection, never by a workflow.
+    assert {name: c.parameters for name, c in config.connections.items()} == {
+        "applications": {"accessProfile": "coordinator"},
+        "reviews": {"profile": "coordinator-producer"},
+        "notices": {"senderProfile": "case-notices"},
+    }
+    identity = config.connections["applications"].identity
+    assert isinstance(identity, ClientCredentials)
+    assert identity.resource == "urn:example:applications"  # RFC 8707, not an audience
+    completions = config.connections["reviews"].completions
+    assert completions is not None and completions.secret == "a-completion-secret"
     assert config.database.dsn == "postgresql://coordinator@db/coordinator"
     assert config.database.embedded is None
     assert config.engine.workers == 4

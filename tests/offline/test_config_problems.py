@@ -12,7 +12,7 @@ import pytest
 from registry_coordinator.authoring.diagnostics import Diagnostic, Position, Refused
 from registry_coordinator.authoring.source import load_yaml
 from registry_coordinator.engine.config import Problems, read_config
-from registry_coordinator.engine.workflows import load_service
+from registry_coordinator.engine.workflows import load_service, read_service
 from tests.harness import coordinator, package
 
 ZERO = "sha256:" + "0" * 64
@@ -194,3 +194,99 @@ def test_a_workflow_connection_configured_under_a_near_name_asks_did_you_mean(
     [problem] = refused.value.diagnostics
     assert (problem.code, problem.line) == ("config.connection-unbound", 2)
     assert problem.repair == "did you mean connections.notice? rename it to notices"
+
+
+def _bound(tmp_path: Path, registry: str, notices: str, bookings: str) -> Path:
+    """A configuration pinning a BReg action (act), a message (notify) and a booking
+    (book-appointment), with the given registry parameters and identity, notices
+    parameters and bookings identity."""
+    packaged = [
+        package(name, tmp_path / "artifacts") for name in ("act", "notify", "book-appointment")
+    ]
+    pins = "".join(f"  - {{artifact: {a}, digest: '{d}'}}\n" for a, d in packaged)
+    local = "baseUrl: 'http://127.0.0.1:1', identity: {bearer: env:STANDIN_TOKEN}"
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "database: {embedded: {dataDirectory: pg}}\n"
+        f"workflows:\n{pins}"  # lines 3 to 5
+        "auth: {mode: none}\n"
+        "connections:\n"
+        "  registry:\n"
+        "    product: breg\n"
+        "    baseUrl: 'http://127.0.0.1:1'\n"
+        "    identity:\n"  # line 11
+        "      oauth2:\n"
+        "        tokenUrl: 'http://127.0.0.1:2/token'\n"
+        "        clientId: coordinator\n"
+        "        clientSecret: env:CLIENT_SECRET\n"
+        f"{registry}"  # lines 16 and 17
+        f"  notices: {{product: messaging, {local}, {notices}}}\n"  # line 18
+        f"  calendar: {{product: scheduling, {local}}}\n"
+        f"  bookings: {{product: scheduling, {bookings}}}\n"  # line 20
+    )
+    return path
+
+
+AUTHORITY = (
+    "        taskAuthority: {baseUrl: 'http://127.0.0.1:3', issuer: 'urn:c', subject: agent,"
+    " exchangeAudience: 'urn:idp', bootstrapResource: 'urn:casework'}\n"
+)
+
+
+def test_connection_bound_parameters_and_task_authority_are_checked_per_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a pinned workflow's operations need of the connections they are bound to:
+    the parameters their product takes from the deployment, set and valid, none it does
+    not take; a task authority where an operation runs only under one (a booking), and
+    none where the product refuses it (a BReg action)."""
+    monkeypatch.setenv("STANDIN_TOKEN", "t")
+    monkeypatch.setenv("CLIENT_SECRET", "s")
+    path = _bound(
+        tmp_path,
+        AUTHORITY + "    parameters: {accessProfile: 'Not A Profile'}\n",
+        "parameters: {sendrProfile: case-notices}",
+        "baseUrl: 'http://127.0.0.1:1', identity: {bearer: env:STANDIN_TOKEN}",
+    )
+    with pytest.raises(Refused) as refused:
+        load_service(path)
+    found = [(d.code, d.line, d.message, d.repair) for d in refused.value.diagnostics]
+    assert [(code, line) for code, line, _, _ in found] == [
+        ("config.task-authority-refused", 11),
+        ("config.parameter-invalid", 17),
+        ("config.parameter-missing", 18),
+        ("config.parameter-unknown", 18),
+        ("config.task-authority-missing", 20),
+    ]
+    refused_authority, invalid, missing, unknown, no_authority = found
+    assert refused_authority[2:] == (
+        "act calls breg/invoke-action on connection registry, whose taskAuthority breg "
+        "refuses for it",
+        "bind the step to a connection of the product's own service identity",
+    )
+    assert invalid[2] == (
+        "connection registry parameter accessProfile: 'Not A Profile' does not match "
+        "'^[a-z_][a-z0-9._-]{0,127}$'"
+    )
+    assert invalid[3].startswith("give accessProfile a value breg takes: the BReg access profile")
+    assert missing[2].startswith("connection notices must set messaging's senderProfile: ")
+    assert missing[3] == "add parameters: {senderProfile: VALUE} to connection notices"
+    assert unknown[2:] == (
+        "connection notices sets parameter sendrProfile, which messaging does not have",
+        "did you mean senderProfile?",
+    )
+    assert no_authority[2] == (
+        "book-appointment calls scheduling/create-appointment on connection bookings, which "
+        "runs only under Casework's task authority"
+    )
+    mended = _bound(
+        tmp_path,
+        "    parameters: {accessProfile: coordinator}\n",
+        "parameters: {senderProfile: case-notices}",
+        "baseUrl: 'http://127.0.0.1:1', identity: {oauth2: {tokenUrl: 'http://127.0.0.1:2/t',"
+        " clientId: c, clientSecret: env:CLIENT_SECRET,"
+        + AUTHORITY.removeprefix("        ").removesuffix("\n")
+        + "}}",
+    )
+    reading, _ = read_service(mended)
+    assert reading.problems.all() == []

@@ -37,6 +37,12 @@ ELSEWHERE = {
     "config.digest-mismatch",
     "config.connection-unbound",
     "config.connection-kind",
+    "config.parameter-missing",  # these five: tests/offline/test_config_problems.py
+    "config.parameter-invalid",
+    "config.parameter-unknown",
+    "config.task-authority-missing",
+    "config.task-authority-refused",
+    "config.external-unreviewed",  # tests/service/test_external.py
 }
 
 

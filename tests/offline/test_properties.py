@@ -47,7 +47,12 @@ HEAD = {
     "connections": {"records": "breg", "notices": "messaging"},
     "outcomes": {"done": {"type": "null"}},
 }
-MESSAGE = {"to": {"email": "a@example.org"}, "template": {"id": "t", "version": "1"}}
+MESSAGE = {
+    "to": {"email": "a@example.org"},
+    "template": {"id": "t", "version": "1"},
+    "locale": "en",
+    "data": {},
+}
 
 
 @st.composite

@@ -16,20 +16,25 @@ def workflow_with(tmp_path: Path, scenarios: str) -> Path:
     return target
 
 
-REJECTED = """\
+APPLICATION = "7d1c2a4e-0b5f-4c3a-9e21-5a6b7c8d9e01"
+REVIEW = "2b0e6c1a-3d4f-4a5b-8c6d-7e8f9a0b1c01"
+DIGEST = "sha256:" + "0" * 64
+#: One line per reply, so that the lines below are where the tests say: read_application
+#: on line 5, request_review on line 9, await_decision on line 11.
+REJECTED = f"""\
 scenarios:
   - name: rejected
-    input: {applicationId: app-1}
+    input: {{applicationId: {APPLICATION}}}
     replies:
       read_application:
         success:
-          data: {recordIdentifier: a, revisionIdentifier: r, domainData: {email: a@example.org}}
-          meta: {}
-      request_review: {success: {requestId: rv, status: open}}
+          data: {{recordIdentifier: {APPLICATION}, revisionIdentifier: '3', domainData: {{email: a@example.org}}}}
+          meta: {{registryIdentifier: r, datasetIdentifier: d, entityTypeIdentifier: application}}
+      request_review: {{success: {{requestId: {REVIEW}, subject: {{source: s, type: t, id: i, version: '3', digest: '{DIGEST}'}}, policy: {{id: p, version: '1', digest: '{DIGEST}'}}, submissionDigest: '{DIGEST}'}}}}
     results:
-      await_decision: [{after: PT1H, payload: {requestId: rv, decision: rejected}}]
+      await_decision: [{{after: PT1H, payload: {{resultId: r-1, requestId: {REVIEW}, subject: {{}}, policy: {{}}, submissionDigest: '{DIGEST}', status: rejected, completedAt: '2026-01-05T10:00:00Z', availableUntil: '2026-04-05T10:00:00Z'}}}}]
     expect:
-"""
+"""  # noqa: E501
 
 
 def test_a_wrong_expectation_fails_with_the_difference(tmp_path: Path) -> None:
@@ -68,16 +73,18 @@ def test_scenarios_naming_what_the_workflow_lacks_are_refused(tmp_path: Path) ->
 
 
 def test_a_call_without_a_scripted_reply_is_refused(tmp_path: Path) -> None:
-    missing = REJECTED.replace(
-        "      request_review: {success: {requestId: rv, status: open}}\n", ""
-    )
+    lines = REJECTED.splitlines(keepends=True)
+    assert lines[8].startswith("      request_review: {success: ")
+    missing = "".join(lines[:8] + lines[9:])
     result = coordinator("test", workflow_with(tmp_path, missing + "      state: finished\n"))
     assert result.returncode == 1
     assert "scripts no reply for it" in result.stderr
 
 
 def test_input_must_fit_the_workflow(tmp_path: Path) -> None:
-    wrong = REJECTED.replace("{applicationId: app-1}", "{applicant: 1}") + "      state: failed\n"
+    wrong = REJECTED.replace(f"{{applicationId: {APPLICATION}}}", "{applicant: 1}")
+    assert wrong != REJECTED
+    wrong += "      state: failed\n"
     result = coordinator("test", workflow_with(tmp_path, wrong))
     assert result.returncode == 1
     assert "input does not fit the workflow's input schema" in result.stderr

@@ -49,6 +49,7 @@ from registry_coordinator.semantics.steps import (
     Send,
     Sleep,
     Transition,
+    Verify,
 )
 from tests.harness import TEST_WORKFLOWS
 
@@ -76,6 +77,7 @@ def held_at(workflow: str, step: str, run_input: Any = None, **fields: Any) -> C
         step=step,
         seq=3,
         attempt=2,
+        checks=0,
         timer_at=None,
         outputs={},
         completed={},
@@ -104,6 +106,7 @@ RESET = {
     "step": "now",
     "state": RunState.RUNNING,
     "attempt": 0,
+    "checks": 0,
     "timer_at": None,
     "wakes_to": None,
     "due_at": None,
@@ -204,6 +207,22 @@ def test_an_advance_with_output_records_it_for_the_step() -> None:
                 "event": {
                     "at": format_instant(NOW + timedelta(hours=1)),
                     "detail": "past the deadline",
+                },
+            },
+        ),
+        (
+            # Asking the product about an unknown outcome counts the asking, keeps the attempt.
+            Verify(NOW + timedelta(seconds=20), "no answer: timeout"),
+            {
+                "attempt": 2,
+                "checks": 1,
+                "timer_at": NOW + timedelta(seconds=20),
+                "due_at": NOW + timedelta(seconds=20),
+                "kind": "verify-scheduled",
+                "event": {
+                    "at": format_instant(NOW + timedelta(seconds=20)),
+                    "check": 1,
+                    "detail": "no answer: timeout",
                 },
             },
         ),

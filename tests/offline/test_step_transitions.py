@@ -9,11 +9,13 @@ real rule from a changed one: an off-by-one at an instant, a detail that says le
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from registry_coordinator.authoring.artifact import check_source
+from registry_coordinator.authoring.catalog import Receipt
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.semantics.codes import FailureCode, HoldCode
 from registry_coordinator.semantics.steps import (
@@ -45,6 +47,11 @@ from tests.harness import WORKFLOWS
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 READ, MUTATION = "read_application", "notify"
+#: BReg takes canonical lowercase UUID record ids only.
+APPLICATION = "7d1c2a4e-0b5f-4c3a-9e21-5a6b7c8d9e01"
+MESSAGE = "9a8b7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c01"
+#: Messaging's answer to a submitted message (202): queued, never yet delivered.
+QUEUED = {"id": MESSAGE, "status": "queued", "links": {"self": "/m", "cancel": "/m/cancel"}}
 
 #: Expressions of type dyn where the tutorial's are typed: the engine must check at run
 #: time what the checker could not (a boolean, a timestamp, a non-empty key).
@@ -101,7 +108,7 @@ TUTORIAL = definition("review-application")
 def record(input: object = None, **outputs: object) -> RunRecord:
     return RunRecord(
         "run-1",
-        input if input is not None else {"applicationId": "app-1"},
+        input if input is not None else {"applicationId": APPLICATION},
         NOW - timedelta(days=1),
         NOW + timedelta(days=30),
         dict(outputs),
@@ -187,21 +194,54 @@ def answer(status: int | None, body: object, kind: ReplyKind = ReplyKind.RESPONS
     return Reply(kind, status, json.dumps(body).encode())
 
 
-def test_only_a_2xx_final_valid_result_is_taken() -> None:
-    final = {"requestId": "rv-1", "decision": "approved"}
+def review_result(status: str) -> dict[str, object]:
+    """Casework's ReviewResult as its result read answers it (200)."""
+    return {
+        "resultId": "r-1",
+        "requestId": "rv-1",
+        "subject": {},
+        "policy": {},
+        "submissionDigest": "sha256:x",
+        "status": status,
+        "completedAt": "2026-03-01T12:00:00Z",
+        "availableUntil": "2026-06-01T12:00:00Z",
+    }
+
+
+def test_only_the_reads_own_success_with_a_final_valid_result_is_taken() -> None:
+    """Casework answers a result with 200 only (202 is its pending answer): no other 2xx,
+    however final its body looks, ends the wait."""
+    final = review_result("approved")
     taken = Advance("route", "next", final, True)
     assert fetched(TUTORIAL, "await_decision", answer(200, final)) == taken
-    assert fetched(TUTORIAL, "await_decision", answer(299, final)) == taken
     for refused in (
         answer(199, final),
+        answer(201, final),
+        answer(202, final),
+        answer(299, final),
         answer(300, final),
-        answer(404, final),
         answer(None, final),
         answer(None, final, ReplyKind.LOST),
-        answer(200, {"requestId": "rv-1", "decision": "pending"}),
+        answer(200, {**final, "status": "reviewing"}),
+        answer(200, {"requestId": "rv-1", "status": "approved"}),
         Reply(ReplyKind.RESPONSE, 200, b"{not json"),
     ):
         assert fetched(TUTORIAL, "await_decision", refused) is None, refused
+
+
+def test_a_descriptor_without_its_own_success_takes_any_2xx() -> None:
+    """An older descriptor names no success statuses: its success is any 2xx, exactly."""
+    read = TUTORIAL.operations[READ]
+    assert read.success == frozenset({200})
+    assert [read.succeeded(s) for s in (199, 200, 201, 299)] == [False, True, False, False]
+    older = replace(read, success=None)
+    assert [older.succeeded(s) for s in (199, 200, 201, 299, 300)] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]
 
 
 def test_a_choice_that_is_not_a_boolean_fails_the_run(probe: Definition) -> None:
@@ -250,8 +290,8 @@ def test_an_output_that_breaks_its_outcome_schema_fails_the_run() -> None:
 def test_an_expression_error_is_the_failures_detail() -> None:
     failed = enter(TUTORIAL, "route", record(await_decision={"requestId": "r"}), NOW)
     assert isinstance(failed, Failed)
-    assert failed.detail.startswith('steps.await_decision.decision == "approved": ')
-    assert "decision" in failed.detail.split(": ", 1)[1]
+    assert failed.detail.startswith('steps.await_decision.status == "approved": ')
+    assert "status" in failed.detail.split(": ", 1)[1]
 
 
 def test_an_input_that_breaks_the_operations_schema_says_which() -> None:
@@ -263,11 +303,32 @@ def test_an_input_that_breaks_the_operations_schema_says_which() -> None:
 
 def test_receipt_lookups_and_path_segments() -> None:
     notify = TUTORIAL.operations[MUTATION]
-    assert build_receipt_request(notify, "coordinator:r/1:notify") == Request(
+    sealed = Request(
+        "POST",
+        "/v1/messages?accessProfile=p",
+        b'{"senderProfile":"s"}',
+        "coordinator:r/1:notify",
+        (("X-Profile", "v"),),
+    )
+    # Messaging's receipt resends the original key, body, headers and query to its route.
+    assert build_receipt_request(notify, sealed) == Request(
+        "POST",
+        "/v1/messages/receipt?accessProfile=p",
+        b'{"senderProfile":"s"}',
+        "coordinator:r/1:notify",
+        (("X-Profile", "v"),),
+    )
+    unqueried = replace(sealed, target="/v1/messages")
+    assert build_receipt_request(notify, unqueried).target == "/v1/messages/receipt"
+    # An older descriptor's receipt is a GET naming the key as a path segment.
+    by_key = replace(
+        notify, receipt=Receipt("GET", "/v1/messages/by-idempotency-key/{key}", frozenset({404}))
+    )
+    assert build_receipt_request(by_key, sealed) == Request(
         "GET", "/v1/messages/by-idempotency-key/coordinator%3Ar%2F1%3Anotify", None, None
     )
     with pytest.raises(UnsafePath, match=r"^key is '\.\.', which cannot be a path segment$"):
-        build_receipt_request(notify, "..")
+        build_receipt_request(by_key, replace(sealed, idempotency_key=".."))
     assert path_segment("n", 5) == "5"
     assert path_segment("n", True) == "true"
     assert path_segment("n", {"a": [1, 2]}) == "%7B%22a%22%3A%5B1%2C2%5D%7D"
@@ -295,17 +356,51 @@ def test_call_details_say_what_came_back() -> None:
     assert isinstance(read, Retry) and read.detail == "500: oops"
 
 
-def test_only_2xx_is_success() -> None:
-    body = b'{"id": "m1", "status": "accepted"}'
-    assert isinstance(settle(TUTORIAL, MUTATION, reply(299, body), 1, NOW), Advance)
-    assert settle(TUTORIAL, MUTATION, reply(300, body), 1, NOW) == Held(
-        HoldCode.OUTCOME_UNKNOWN, '300: {"id": "m1", "status": "accepted"}'
+def test_only_the_operations_own_success_is_success() -> None:
+    """Messaging accepts a message with 202: no other status, 2xx or not, is its success."""
+    body = json.dumps(QUEUED).encode()
+    assert settle(TUTORIAL, MUTATION, reply(202, body), 1, NOW) == Advance(
+        "await_delivery", "next", QUEUED, True
     )
+    for status in (200, 201, 299, 300):
+        assert settle(TUTORIAL, MUTATION, reply(status, body), 1, NOW) == Held(
+            HoldCode.OUTCOME_UNKNOWN, f"{status}: {body.decode()}"
+        ), status
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        (422, "template.render-refused"),  # Messaging renders a retry again first
+        (404, "template.not-found"),
+        (409, "idempotency.key-reused"),
+        (400, "request.invalid"),
+    ],
+)
+def test_a_refusal_of_a_resend_after_an_unknown_outcome_holds_rather_than_fails(
+    problem: tuple[int, str],
+) -> None:
+    """A product may refuse a resend for what changed since the first sending (Messaging
+    authorizes and renders an exact retry again before it looks up its key) while the
+    first stands: only a refusal of a request no earlier sending may have delivered says
+    that nothing took effect."""
+    status, code = problem
+    body = json.dumps({"status": status, "code": code}).encode()
+    first = settle(TUTORIAL, MUTATION, reply(status, body), 2, NOW)
+    assert isinstance(first, Failed) and first.code is FailureCode.PRODUCT_REFUSED
+    resent = settle(TUTORIAL, MUTATION, reply(status, body), 2, NOW, uncertain=True)
+    assert isinstance(resent, Held) and resent.code is HoldCode.OUTCOME_UNKNOWN
+    assert resent.detail.startswith("the product refused this resend, but an earlier")
+    # What says the product did not act, or asks to wait, means the same either way.
+    for retried in (429, 503):
+        assert isinstance(
+            settle(TUTORIAL, MUTATION, reply(retried, b""), 2, NOW, uncertain=True), Retry
+        )
 
 
 def test_an_unusable_answer_shows_the_start_of_its_body() -> None:
     def shown(body: bytes) -> str:
-        held = settle(TUTORIAL, MUTATION, reply(200, body), 1, NOW)
+        held = settle(TUTORIAL, MUTATION, reply(202, body), 1, NOW)
         assert isinstance(held, Held) and held.code is HoldCode.RESPONSE_INVALID
         return held.detail.split("the body began: ", 1)[1]
 
@@ -313,7 +408,7 @@ def test_an_unusable_answer_shows_the_start_of_its_body() -> None:
     assert shown(b"x" * 121) == "x" * 120 + "…"
     assert shown(b"") == "(empty)"
     assert shown(b"\xff") == "\ufffd"
-    several = settle(TUTORIAL, MUTATION, reply(200, b'{"id": 1, "status": 2}'), 1, NOW)
+    several = settle(TUTORIAL, MUTATION, reply(202, b'{"id": 1, "status": 2}'), 1, NOW)
     assert isinstance(several, Held)
     assert "is not of type 'string'; " in several.detail
 

@@ -66,12 +66,13 @@ def test_tutorial_scenarios_cover_each_ending() -> None:
 def test_explain_reports_the_graph_facts() -> None:
     result = coordinator("check", WORKFLOWS / "review-application", "--explain", "--format", "json")
     facts = json.loads(result.stdout)["workflows"][0]["facts"]
-    assert facts["pathCount"] == 5
+    assert facts["pathCount"] == 6  # a delivery read as failed is its own path
     assert facts["maxCalls"] == 3
     assert facts["maxMutations"] == 2
     assert facts["longestBoundedWait"] == "P16D"
-    assert sorted(p["mutations"] for p in facts["paths"]) == [1, 1, 1, 2, 2]
+    assert sorted(p["mutations"] for p in facts["paths"]) == [1, 1, 1, 2, 2, 2]
     assert facts["deadline"] == "P60D"
     text = coordinator("check", WORKFLOWS / "review-application", "--explain").stdout
     assert "most mutations in one run: 2" in text
     assert "read_application -> request_review -> await_decision -> not_decided" in text
+    assert "await_delivery -> delivered -> approved_unconfirmed_as_read" in text

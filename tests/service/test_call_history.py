@@ -9,6 +9,7 @@ completes the step. Every history still holds its hash chain.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -27,7 +28,7 @@ from tests.harness import (
     wait_for,
     wait_state,
 )
-from tests.service.test_results import new_review
+from tests.service.test_results import QUIET, feed_read, new_review
 
 
 def kinds(history: list[dict[str, Any]]) -> list[str]:
@@ -71,7 +72,7 @@ def test_a_refused_connection_reads_as_not_sent_then_retried(
 
 def test_an_answer_reads_as_answered_with_its_status(dsn: str, services: Services) -> None:
     service, products = services.deploy(["lookup"], {"records": ("breg", {})})
-    run = service.start_run("lookup", {"recordId": "app-1001"})
+    run = service.start_run("lookup", {"recordId": str(uuid.uuid4())})
     wait_state(dsn, run, RunState.FINISHED)
     history = events(dsn, run)
     assert kinds(history) == [
@@ -88,10 +89,11 @@ def test_an_answer_reads_as_answered_with_its_status(dsn: str, services: Service
 
 
 def held_after_a_timeout(dsn: str, services: Services) -> tuple[Service, StandIns, str]:
-    """A notice that Messaging applied and never answered within the 1 s timeout: held."""
-    service, products = services.deploy(
-        ["notify"], {"notices": ("messaging", {"requestTimeout": "PT1S"})}
-    )
+    """A notice that Messaging applied and never answered within the 1 s timeout: held at
+    once, the connection asking Messaging for no receipt before it holds (test_products
+    has the asking)."""
+    settings = {"requestTimeout": "PT1S", "verification": {"attempts": 0}}
+    service, products = services.deploy(["notify"], {"notices": ("messaging", settings)})
     products.faults("messaging", HANG_ONCE)
     run = service.start_run("notify", {"email": "a@example.org"})
     wait_state(dsn, run, RunState.HELD)
@@ -116,8 +118,12 @@ def test_reconcile_records_the_receipt_lookup_it_made(dsn: str, services: Servic
     answer = service.http.post(f"/v1/runs/{run}/reconcile", json={"reason": "OPS-3: check"})
     assert answer.status_code == 200, answer.text
     wait_state(dsn, run, RunState.FINISHED)
-    [receipt] = products.requests("messaging", "GET", "/v1/messages/by-idempotency-key/")
-    assert receipt["path"].endswith(f"/coordinator:{run}:send")  # the original key's receipt
+    posts = products.requests("messaging", "POST", "/v1/messages")
+    [submitted] = [r for r in posts if r["path"] == "/v1/messages"]
+    [receipt] = [r for r in posts if r["path"] == "/v1/messages/receipt"]
+    # The receipt is asked for with the original key and body, resent.
+    assert receipt["key"] == submitted["key"] == f"coordinator:{run}:send"
+    assert receipt["bodySha256"] == submitted["bodySha256"]
     reconciled = next(e for e in events(dsn, run) if e["kind"] == "reconciled")
     lookup = reconciled["detail"]["receiptLookup"]
     assert (unquote(lookup["url"]), lookup["status"], lookup["outcome"]) == (
@@ -125,7 +131,7 @@ def test_reconcile_records_the_receipt_lookup_it_made(dsn: str, services: Servic
         receipt["status"],
         "response",
     )
-    assert reconciled["detail"]["receiptStatus"] == receipt["status"] == 202
+    assert reconciled["detail"]["receiptStatus"] == receipt["status"] == 200
     holds_its_chain(service.config)
 
 
@@ -133,20 +139,22 @@ def test_a_result_found_by_polling_records_each_change_of_answer_then_the_read(
     dsn: str, services: Services
 ) -> None:
     service, products = services.deploy(
-        ["await-review"], {"reviews": ("casework", {"resultPoll": "PT1S"})}
+        ["await-review"], {"reviews": ("casework", {**QUIET, "resultPoll": "PT1S"})}
     )
+    feed_read(products)  # the decision is on the feed for its next read only, in 10 min
     key = products.decided_reviews(1, "application-review")[0]
     result = "GET /v1/review-requests/"
-    products.faults(  # three polls find nothing, one the product busy, two nothing again
+    pending = {"match": result, "mode": "answer", "status": 202, "body": ""}
+    products.faults(  # three polls find it pending, one the product busy, two pending again
         "casework",
-        {"match": result, "mode": "status", "status": 404, "times": 3},
-        {"match": result, "mode": "status", "status": 503, "times": 1},
-        {"match": result, "mode": "status", "status": 404, "times": 2},
+        {**pending, "times": 3},
+        {"match": result, "mode": "status", "status": 503, "retryAfter": 1, "times": 1},
+        {**pending, "times": 2},
     )
     run = service.start_run("await-review", {"requestId": key})
     wait_state(dsn, run, RunState.FINISHED)
     reads = products.requests("casework", "GET", f"/v1/review-requests/{key}/result")
-    assert [r["status"] for r in reads] == [404, 404, 404, 503, 404, 404, 200]
+    assert [r["status"] for r in reads] == [202, 202, 202, 503, 202, 202, 200]
     history = events(dsn, run)
     assert kinds(history) == [
         "admitted",
@@ -161,7 +169,7 @@ def test_a_result_found_by_polling_records_each_change_of_answer_then_the_read(
     url = products.url("casework") + f"/v1/review-requests/{key}/result"
     polled = [e["detail"] for e in history if e["kind"] == "result-polled"]
     assert polled == [
-        {"url": url, "status": status, "outcome": "response"} for status in (404, 503, 404)
+        {"url": url, "status": status, "outcome": "response"} for status in (202, 503, 202)
     ]
     assert history[5]["detail"] == {"delivered": False, "url": url, "status": 200, "key": key}
     assert {e["step"] for e in history[1:7]} == {"wait"}
@@ -171,13 +179,13 @@ def test_a_result_found_by_polling_records_each_change_of_answer_then_the_read(
     holds_its_chain(service.config)
 
 
-def test_a_delivered_result_is_read_and_the_read_says_it_came_after_the_webhook(
+def test_a_pushed_result_is_read_and_the_read_says_it_came_after_the_completion(
     dsn: str, services: Services
 ) -> None:
     service, products = services.deploy(
-        ["await-review"], {"reviews": ("casework", {"resultPoll": "PT10M"})}, webhooks=True
+        ["await-review"], {"reviews": ("casework", QUIET)}, webhooks=True
     )
-    review = new_review(products)  # decided once the run waits, so the webhook wakes it
+    review = new_review(products)  # decided once the run waits, so Casework's push wakes it
     run = service.start_run("await-review", {"requestId": review})
     wait_state(dsn, run, RunState.WAITING)
     decide(products, review)

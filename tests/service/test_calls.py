@@ -7,25 +7,46 @@ with which idempotency keys and body digests, and how many it applied.
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import RunState
 from tests.harness import (
+    STANDIN_TOKEN,
     Service,
     Services,
+    StandIns,
     bound_to_one,
     events,
     run_state,
     running,
     stand_ins,
+    wait_for,
     wait_state,
 )
+
+#: A connection that asks its product nothing about a call whose outcome is unknown
+#: before it holds the run (test_products has the asking): the run is held at once.
+UNASKED = {"verification": {"attempts": 0}}
 
 
 def kinds(dsn: str, run: str) -> list[str]:
     return [e["kind"] for e in events(dsn, run)]
+
+
+def records(count: int) -> list[str]:
+    """Ids of ``count`` records the stand-in BReg has."""
+    return [str(uuid.uuid4()) for _ in range(count)]
+
+
+def posted(products: StandIns, product: str, path: str) -> list[dict[str, Any]]:
+    """The POSTs ``product`` received at exactly ``path``."""
+    return [r for r in products.requests(product, "POST", path) if r["path"] == path]
 
 
 def test_a_product_down_for_5_s_then_back(dsn: str, tmp_path: Path) -> None:
@@ -48,9 +69,8 @@ def test_a_product_down_for_5_s_then_back(dsn: str, tmp_path: Path) -> None:
 def test_a_lost_response_holds_the_run_and_reconcile_completes_it(
     dsn: str, services: Services
 ) -> None:
-    service, products = services.deploy(
-        ["notify"], {"notices": ("messaging", {"requestTimeout": "PT1S"})}
-    )
+    settings = {"requestTimeout": "PT1S", **UNASKED}
+    service, products = services.deploy(["notify"], {"notices": ("messaging", settings)})
     products.faults(
         "messaging",
         {"match": "POST /v1/messages", "mode": "hang-after-apply", "seconds": 30, "times": 1},
@@ -63,7 +83,7 @@ def test_a_lost_response_holds_the_run_and_reconcile_completes_it(
         "detail": "no answer: ReadTimeout: nothing came back within requestTimeout PT1S",
     }
     time.sleep(1.5)  # nothing is resent on its own
-    posts = products.requests("messaging", "POST", "/v1/messages")
+    posts = posted(products, "messaging", "/v1/messages")
     assert len(posts) == 1
     assert products.ledger("messaging")["applied"] == {posts[0]["key"]: 1}
 
@@ -75,23 +95,38 @@ def test_a_lost_response_holds_the_run_and_reconcile_completes_it(
     )
     assert response.status_code == 200, response.text
     wait_state(dsn, run, RunState.FINISHED)
-    assert len(products.requests("messaging", "POST", "/v1/messages")) == 1
-    receipts = products.requests("messaging", "GET", "/v1/messages/by-idempotency-key/")
-    assert len(receipts) == 1
+    assert len(posted(products, "messaging", "/v1/messages")) == 1
+    receipts = posted(products, "messaging", "/v1/messages/receipt")
+    assert [(r["key"], r["bodySha256"]) for r in receipts] == [
+        (posts[0]["key"], posts[0]["bodySha256"])  # the original key and body, resent
+    ]
+    assert products.ledger("messaging")["applied"] == {posts[0]["key"]: 1}
+    # The step completed with the receipt of the message Messaging accepted.
     output = service.status(run)["output"]
-    assert output == {"messageId": "msg-1"}
+    message = httpx.get(
+        products.url("messaging") + f"/v1/messages/{output['messageId']}",
+        headers={"Authorization": f"Bearer {STANDIN_TOKEN}"},
+    )
+    assert message.status_code == 200, message.text
+    assert output == {"messageId": message.json()["id"]}
     reconciled = next(e for e in events(dsn, run) if e["kind"] == "reconciled")
     assert reconciled["actor"] == "local-developer"
     assert reconciled["detail"]["reason"] == "ticket OPS-12: the product was slow"
 
 
 def test_retry_same_resends_identical_bytes_and_key(dsn: str, services: Services) -> None:
-    service, products = services.deploy(["act"], {"registry": ("breg", {"requestTimeout": "PT1S"})})
+    settings = {"requestTimeout": "PT1S", **UNASKED}
+    service, products = services.deploy(["act"], {"registry": ("breg", settings)})
     products.faults(
         "breg",
-        {"match": "POST /v1/actions", "mode": "hang-after-apply", "seconds": 30, "times": 1},
+        {  # the action itself, not the reading of its target's condition before it
+            "match": "POST /v1/actions/mark-reviewed$",
+            "mode": "hang-after-apply",
+            "seconds": 30,
+            "times": 1,
+        },
     )
-    run = service.start_run("act", {"recordId": "app-5"})
+    run = service.start_run("act", {"recordId": records(1)[0]})
     wait_state(dsn, run, RunState.HELD)
     no_receipt = service.http.post(f"/v1/runs/{run}/reconcile", json={"reason": "check"})
     assert no_receipt.status_code == 409
@@ -101,7 +136,7 @@ def test_retry_same_resends_identical_bytes_and_key(dsn: str, services: Services
     )
     assert response.status_code == 200, response.text
     wait_state(dsn, run, RunState.FINISHED)
-    posts = products.requests("breg", "POST", "/v1/actions/mark-reviewed")
+    posts = posted(products, "breg", "/v1/actions/mark-reviewed")
     applied = products.ledger("breg")["applied"]
     assert len(posts) == 2
     assert posts[0]["key"] == posts[1]["key"] == f"coordinator:{run}:invoke"
@@ -118,10 +153,52 @@ def test_retry_same_resends_identical_bytes_and_key(dsn: str, services: Services
     assert [r["outcome"] for r in rows] == ["lost", "response"]
 
 
+def test_a_refused_resend_after_a_lost_answer_holds_and_reconcile_finds_the_first(
+    dsn: str, services: Services
+) -> None:
+    """Messaging authorizes and renders an exact retry again before it looks up its key,
+    so a 422 to a resend does not say the first sending failed: the run is held, not
+    failed, and the receipt of the original key finds the message the first one queued."""
+    settings = {"requestTimeout": "PT1S", **UNASKED}
+    service, products = services.deploy(["notify"], {"notices": ("messaging", settings)})
+    lost = {"match": "POST /v1/messages$", "mode": "hang-after-apply", "seconds": 30, "times": 1}
+    products.faults("messaging", lost)
+    run = service.start_run("notify", {"email": "a@example.org"})
+    wait_state(dsn, run, RunState.HELD)
+    products.faults("messaging", {"match": "POST /v1/messages$", "mode": "status", "status": 422})
+    resent = service.http.post(f"/v1/runs/{run}/retry-same", json={"reason": "resend it"})
+    assert resent.status_code == 200, resent.text
+    wait_for(
+        dsn,
+        "SELECT count(*) FROM executions WHERE run_id = %s AND outcome = 'response'",
+        1,
+        params=(run,),
+    )
+    wait_state(dsn, run, RunState.HELD)
+    held = run_state(dsn, run)
+    assert held["hold_code"] == "outcome-unknown"
+    assert held["detail"].startswith("the product refused this resend, but an earlier")
+    products.faults("messaging")
+    found = service.http.post(f"/v1/runs/{run}/reconcile", json={"reason": "look it up"})
+    assert found.status_code == 200, found.text
+    wait_state(dsn, run, RunState.FINISHED)
+    posts = posted(products, "messaging", "/v1/messages")
+    assert len(posts) == 2 and posts[1]["status"] == 422  # the first hangs, having applied
+    assert products.ledger("messaging")["applied"] == {posts[0]["key"]: 1}
+    output = service.status(run)["output"]
+    message = httpx.get(
+        products.url("messaging") + f"/v1/messages/{output['messageId']}",
+        headers={"Authorization": f"Bearer {STANDIN_TOKEN}"},
+    )
+    assert message.status_code == 200, message.text
+
+
 def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(
     dsn: str, tmp_path: Path
 ) -> None:
-    config, port = bound_to_one(tmp_path, dsn, "notify", "notices", "messaging", lease="PT2S")
+    config, port = bound_to_one(
+        tmp_path, dsn, "notify", "notices", "messaging", UNASKED, lease="PT2S"
+    )
     log = tmp_path / "service.log"
     with stand_ins(tmp_path / "standins.log", {"messaging": port}) as products:
         products.faults("messaging", {"match": "POST /v1/messages", "mode": "delay", "seconds": 20})
@@ -133,7 +210,7 @@ def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(
         with running(config, log):
             wait_state(dsn, run, RunState.HELD, timeout=30)
             time.sleep(1)
-            posts = products.requests("messaging", "POST", "/v1/messages")
+            posts = posted(products, "messaging", "/v1/messages")
     assert len(posts) == 1
     state = run_state(dsn, run)
     assert state["hold_code"] == "dispatch-interrupted"
@@ -171,7 +248,7 @@ def test_a_pool_of_4_never_has_more_than_4_open_while_others_flow(
     service, products = services.deploy(["lookup", "notify"], connections, workers=4)
     products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 0.5})
     started = datetime.now().astimezone()
-    slow_runs = [service.start_run("lookup", {"recordId": f"app-{n}"}) for n in range(50)]
+    slow_runs = [service.start_run("lookup", {"recordId": r}) for r in records(50)]
     time.sleep(1)
     fast_runs = [service.start_run("notify", {"email": f"{n}@example.org"}) for n in range(10)]
     for run in fast_runs:
@@ -212,7 +289,7 @@ def test_sigterm_during_20_calls_exits_within_grace_and_restart_resolves(
     with stand_ins(tmp_path / "standins.log", {"breg": port}) as products:
         products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 30})
         service = Service(config, log).wait_listening()
-        runs = [service.start_run("lookup", {"recordId": f"app-{n}"}) for n in range(20)]
+        runs = [service.start_run("lookup", {"recordId": r}) for r in records(20)]
         products.wait_in_flight("breg", 20)
         stopping = time.monotonic()
         assert service.stop() == 0  # within the harness's 20 s: the calls would take 30

@@ -1,7 +1,7 @@
 """A hostile or slow product, and stored runs this build finds broken, against the real service.
 
 What a product answers is outside Coordinator's control: JSON PostgreSQL cannot store,
-results that stay pending under a stream of webhooks, a token endpoint that hangs, a
+results that stay pending under a stream of completions, a token endpoint that hangs, a
 pool swamped by reads. Each case checks that every answer in hand is recorded, that
 sends stay bounded, and that every hold names its true reason.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from registry_coordinator.engine.database import sync_connection
 from tests.harness import (
     Service,
     Services,
+    completion_request,
     decide,
     events,
     package,
@@ -29,14 +31,21 @@ from tests.harness import (
 )
 
 from .test_operations import notify_with_oauth2
-from .test_results import deliver, new_review, reviews
+from .test_results import new_review, push, pushing
 
 REASON = {"reason": "OPS-31: the product was fixed"}
-#: A record as BReg answers it, fitting read-record's response schema.
-RECORD = (
-    b'{"data": {"recordIdentifier": "app-7", "revisionIdentifier": "r1", '
-    b'"domainData": {"status": "awaiting-review"}}, "meta": {}}'
-)
+
+
+def record(record_id: str) -> bytes:
+    """A record as BReg answers it, fitting read-record's response schema."""
+    return (
+        b'{"data": {"recordIdentifier": "%s", "revisionIdentifier": "1", '
+        b'"domainData": {"status": "awaiting-review"}}, "meta": {"registryIdentifier": '
+        b'"applications-registry", "datasetIdentifier": "applications", '
+        b'"entityTypeIdentifier": "application"}}'
+    ) % record_id.encode()
+
+
 #: 2xx answers to a mutation that PostgreSQL could not store as they are.
 UNSTORABLE = {
     "NaN": b'{"id": "m-1", "status": "accepted", "score": NaN}',
@@ -98,7 +107,8 @@ def test_a_read_answered_with_json_the_database_cannot_store_is_read_again(
     the service had stopped mid-read."""
     service, products = services.deploy(["bench-four"], {"registry": ("breg", {})})
     for poison in (b"NaN", b'"\\u0000"'):
-        body = RECORD.replace(b'"awaiting-review"', poison)
+        record_id = str(uuid.uuid4())
+        body = record(record_id).replace(b'"awaiting-review"', poison)
         products.faults(
             "breg",
             {
@@ -109,43 +119,48 @@ def test_a_read_answered_with_json_the_database_cannot_store_is_read_again(
                 "times": 1,
             },
         )
-        run = service.start_run("bench-four", {"recordId": "app-7"})
+        run = service.start_run("bench-four", {"recordId": record_id})
         wait_state(dsn, run, "finished")
         retries = [e for e in events(dsn, run) if e["kind"] == "retry-scheduled"]
         assert len(retries) == 1, events(dsn, run)
         assert "cannot be used" in retries[0]["detail"]["detail"]
-    reads = products.requests("breg", "GET", "/v1/records/applications/app-7")
-    assert len(reads) == 4  # each run: the unusable answer, then one more read
+        reads = products.requests("breg", "GET", f"/v1/records/applications/{record_id}")
+        assert len(reads) == 2  # the unusable answer, then one more read
 
 
-def test_one_delivery_of_a_pending_result_is_followed_by_one_read(
+def test_one_completion_of_a_pending_result_is_followed_by_one_read(
     dsn: str, services: Services
 ) -> None:
-    """A webhook says a review changed, but the decision is still pending: Coordinator
-    reads the result once and waits for the next delivery (or its poll). It used to read
-    it again and again, some forty times in a second. (Before that: deliveries whose
-    payload holds NaN, a NUL or deep nesting are refused, and change nothing.)"""
-    service, products = services.deploy(["await-review"], reviews())
+    """Casework pushes review.completed, but the result still reads pending: Coordinator
+    reads it once and waits for the next completion (or its poll). It used to read it
+    again and again, some forty times in a second. (Before that: completions whose
+    body holds NaN, a NUL or deep nesting are refused, and change nothing.)"""
+    service, products = services.deploy(["await-review"], pushing())
     key = new_review(products)
     run = service.start_run("await-review", {"requestId": key})
     wait_state(dsn, run, "waiting")
     path = f"/v1/review-requests/{key}/result"
-    # Deliveries whose payload could not be stored are refused and change nothing.
+    # Completions whose body could not be stored are refused and change nothing.
     deep: Any = "x"
     for _ in range(100):
         deep = [deep]
-    for payload, code in (
+    for extra, code in (
         (float("nan"), "request.malformed-json"),
         ({"note": "a\x00b"}, "request.unstorable-text"),
         (deep, "request.too-deep"),
     ):
-        body = {"result": "review-decision", "key": key, "eventId": "bad", "payload": payload}
-        refused = deliver(service, body)
+        sent = completion_request(key, event_id="bad")
+        refused = service.http.post(
+            sent["url"],
+            content=json.dumps({**sent["json"], "extra": extra}).encode(),
+            headers={**sent["headers"], "Content-Type": "application/json"},
+        )
         assert (refused.status_code, refused.json()["code"]) == (400, code)
     assert "result-delivered" not in [e["kind"] for e in events(dsn, run)]
+    with sync_connection(dsn) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM deliveries").fetchone() == {"n": 0}
     for n in (1, 2):
-        woke = deliver(service, {"result": "review-decision", "key": key, "eventId": f"e{n}"})
-        assert woke.json()["woke"] == 1
+        push(service, key, f"e{n}")
         wait_for(
             dsn,
             "SELECT count(*) FILTER (WHERE kind = 'result-delivered') FROM run_events",
@@ -153,13 +168,14 @@ def test_one_delivery_of_a_pending_result_is_followed_by_one_read(
         )
         deadline = time.monotonic() + 30
         while len(products.requests("casework", "GET", path)) < n:
-            assert time.monotonic() < deadline, "the delivery was not followed by a read"
+            assert time.monotonic() < deadline, "the completion was not followed by a read"
             time.sleep(0.05)
         time.sleep(1.5)  # time enough for the dozens of reads it used to make
         assert len(products.requests("casework", "GET", path)) == n
         assert run_state(dsn, run)["state"] == "waiting"
+    assert [r["status"] for r in products.requests("casework", "GET", path)] == [202, 202]
     decide(products, key)
-    deliver(service, {"result": "review-decision", "key": key, "eventId": "e3"})
+    push(service, key, "e3")
     wait_state(dsn, run, "finished")
     assert len(products.requests("casework", "GET", path)) == 3
 
@@ -219,8 +235,8 @@ def test_result_reads_wait_in_their_connections_queue_like_calls(
 
 
 def put_to_wait(dsn: str, count: int) -> None:
-    """``count`` runs of await-review waiting for reviews that stay pending (the stand-in
-    has none of them: each read answers 404, a result that is not final), all due now."""
+    """``count`` runs of await-review waiting for reviews the stand-in has none of (each
+    read answers 404, concealed, which holds the run), all due now."""
     with sync_connection(dsn) as conn:
         conn.execute(
             """

@@ -8,8 +8,8 @@ from collections import Counter
 
 from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import RunState
-from tests.harness import HANG_ONCE, Services, decide, delivery_request, wait_state
-from tests.service.test_results import new_review
+from tests.harness import HANG_ONCE, Services, decide, wait_state
+from tests.service.test_results import QUIET, feed_read, new_review, push
 from tests.service.test_surface import metrics
 
 
@@ -28,8 +28,10 @@ def held_for(dsn: str, run: str) -> float:
 def test_reads_lookups_the_longest_hold_and_pool_sizes_are_on_metrics(
     dsn: str, services: Services
 ) -> None:
-    reviews = {"resultPoll": "PT1S", "webhookSecret": "env:STANDIN_WEBHOOK_SECRET"}
-    notices = {"requestTimeout": "PT1S", "poolSize": 3}
+    completions = {"secret": "env:STANDIN_WEBHOOK_SECRET"}
+    reviews = {**QUIET, "resultPoll": "PT1S", "completions": completions}
+    # Held at once, Messaging not asked for a receipt until an operator reconciles.
+    notices = {"requestTimeout": "PT1S", "poolSize": 3, "verification": {"attempts": 0}}
     service, products = services.deploy(
         ["await-review", "notify"],
         {"reviews": ("casework", reviews), "notices": ("messaging", notices)},
@@ -39,21 +41,25 @@ def test_reads_lookups_the_longest_hold_and_pool_sizes_are_on_metrics(
     assert before[("coordinator_pool_size", (("connection", "notices"),))] == 3
     assert before[("coordinator_pool_size", (("connection", "reviews"),))] == 4  # the default
 
-    # A result found by polling: decided before its run waits, and not found twice first.
+    # A result found by polling: decided before its run waits (after the feed's first
+    # read, so that only the run's polls find it), and not ready twice first: Casework
+    # busy, then the result still pending.
+    feed_read(products)
     decided = products.decided_reviews(1, "application-review")[0]
+    result = "GET /v1/review-requests/"
     products.faults(
         "casework",
-        {"match": "GET /v1/review-requests/", "mode": "status", "status": 404, "times": 2},
+        {"match": result, "mode": "status", "status": 503, "retryAfter": 1, "times": 1},
+        {"match": result, "mode": "answer", "status": 202, "body": "", "times": 1},
     )
     polled = service.start_run("await-review", {"requestId": decided})
     wait_state(dsn, polled, RunState.FINISHED)
-    # A result delivered by a signed webhook once its run waits.
+    # A result Casework pushed the completion of once its run waits.
     review = new_review(products)
     delivered = service.start_run("await-review", {"requestId": review})
     wait_state(dsn, delivered, RunState.WAITING)
     decide(products, review)
-    body = {"result": "review-decision", "key": review, "eventId": "evt-1"}
-    assert service.http.post(**delivery_request(body)).status_code == 202
+    push(service, review, "evt-1")
     wait_state(dsn, delivered, RunState.FINISHED)
 
     # Two notices held outcome-unknown; reconcile completes the first on its receipt.
@@ -71,7 +77,8 @@ def test_reads_lookups_the_longest_hold_and_pool_sizes_are_on_metrics(
     until = held_for(dsn, held[1])
     reads = products.requests("casework", "GET", "/v1/review-requests/")
     classes = Counter(f"{r['status'] // 100}xx" for r in reads)
-    assert classes["4xx"] == 2 and classes["2xx"] >= 2, reads  # each run's final read, at least
+    # The busy answer; the pending one and each run's final read, at least.
+    assert classes["5xx"] == 1 and classes["2xx"] >= 3, reads
     fetches = "coordinator_result_fetch_duration_seconds_count"
     fetched = {
         labels: value for (name, labels), value in after.items() if name == fetches and value
@@ -85,8 +92,8 @@ def test_reads_lookups_the_longest_hold_and_pool_sizes_are_on_metrics(
     assert looked_up == {
         (("connection", "notices"), ("operation", "submit-message"), ("result", "2xx")): 1
     }
-    receipts = products.requests("messaging", "GET", "/v1/messages/by-idempotency-key/")
-    assert [r["status"] for r in receipts] == [202]
+    receipts = products.requests("messaging", "POST", "/v1/messages/receipt")
+    assert [r["status"] for r in receipts] == [200]
     assert after[("coordinator_held_runs", ())] == 1
     assert since <= after[("coordinator_held_runs_oldest_seconds", ())] <= until
     assert after[("coordinator_pool_size", (("connection", "notices"),))] == 3

@@ -1,13 +1,18 @@
-"""wait-for: signed webhooks, the authoritative fetch, wake-ups, timeouts and the poll.
+"""wait-for: Casework's pushed completions, its feed, signed webhooks, the authoritative
+read, wake-ups, timeouts and the poll.
 
-Casework is a stand-in on loopback; reviews are created and decided through it,
-and deliveries are either sent by it or signed and sent by the test, so each
-case controls exactly which wake-ups happen.
+Casework is a stand-in on loopback; reviews are requested at it and decided there by a
+staff member. Its completions (``review.completed``) are either pushed by it or sent by
+the test with the destination's secret, as it pushes them; its feed and the slow poll are
+put out of the way (PT10M) unless a case is about them, so each case controls exactly
+which wake-ups happen. The signed webhook route is exercised on connections configured
+with ``webhookSecret``.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,15 +27,19 @@ from tests.harness import (
     Service,
     Services,
     StandIns,
+    completion_request,
     decide,
     delivery_request,
     events,
     run_state,
-    wait_for,
+    until,
     wait_state,
 )
+from tests.service.test_surface import metrics
 
 AUTH = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
+#: Casework's feed and the slow poll, neither of them read while a case runs.
+QUIET = {"feedPoll": "PT10M", "resultPoll": "PT10M"}
 
 
 def reviews(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -38,15 +47,26 @@ def reviews(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
     return {"reviews": ("casework", {"webhookSecret": "env:STANDIN_WEBHOOK_SECRET", **settings})}
 
 
+def pushing(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The one connection: Casework, taking its pushed completions with the tests' secret
+    (pushed by the test, or by the stand-in when deployed with ``webhooks``), its feed
+    and the slow poll quiet unless ``settings`` say otherwise."""
+    completions = {"completions": {"secret": "env:STANDIN_WEBHOOK_SECRET"}}
+    return {"reviews": ("casework", {**completions, **QUIET, **settings})}
+
+
 def new_review(products: StandIns) -> str:
     """A review request at the stand-in Casework, not decided yet."""
-    response = httpx.post(
-        products.url("casework") + "/v1/review-requests",
-        headers=AUTH,
-        json={"kind": "application-review", "subject": {"type": "a", "id": "1"}},
+    return products.review()
+
+
+def feed_read(products: StandIns) -> None:
+    """Until the service has read Casework's feed once (its first pass, at startup):
+    whatever is decided after this is on the feed only for the next pass."""
+    until(
+        lambda: products.requests("casework", "GET", "/v1/review-results"),
+        "the service's first read of Casework's feed",
     )
-    assert response.status_code == 201, response.text
-    return str(response.json()["requestId"])
 
 
 def deliver(
@@ -60,35 +80,77 @@ def deliver(
     return service.http.post(**delivery_request(body, connection_name, secret=secret, at=at))
 
 
+def push(service: Service, request_id: str, event_id: str) -> httpx.Response:
+    """Casework's ``review.completed`` for ``request_id``, as its outbox pushes it; it is
+    acknowledged with an empty 204 alone, whatever became of it."""
+    response = service.http.post(**completion_request(request_id, event_id=event_id))
+    assert (response.status_code, response.content) == (204, b""), response.text
+    return response
+
+
+def deliveries(service: Service) -> dict[str, float]:
+    """coordinator_webhook_deliveries_total of the reviews connection, by status."""
+    return {
+        dict(labels)["status"]: value
+        for (name, labels), value in metrics(service).items()
+        if name == "coordinator_webhook_deliveries_total"
+        and dict(labels)["connection"] == "reviews"
+    }
+
+
 def at(event: dict[str, Any]) -> datetime:
     value = event["at"]
     assert isinstance(value, datetime)
     return value
 
 
-def test_a_signed_webhook_wakes_the_run_through_the_whole_tutorial(
+def waiting_for(dsn: str, run: str) -> str:
+    """The key the run's wait-for waits for (its review's request id), once it waits."""
+    return str(
+        until(
+            lambda: next(
+                (e["detail"]["key"] for e in events(dsn, run) if e["kind"] == "waiting"), None
+            ),
+            f"run {run} waiting for its result",
+        )
+    )
+
+
+def test_a_pushed_completion_wakes_the_run_through_the_whole_tutorial(
     dsn: str, services: Services
 ) -> None:
+    """The tutorial against the stand-ins: staff decide the review, Casework pushes its
+    completion with its destination's secret (acknowledged with an empty 204) and the
+    woken run reads the result; Messaging tells nothing, so the notice is read until it
+    says delivered. The completion's wake-up is a NOTIFY, not the minute's sweep."""
     connections: dict[str, tuple[str, dict[str, Any]]] = {
         "applications": ("breg", {}),
-        "reviews": ("casework", {}),
-        "notices": ("messaging", {}),
+        "reviews": ("casework", QUIET),
+        "notices": ("messaging", {"resultPollFirst": "PT1S"}),
     }
     service, products = services.deploy(
         ["review-application"], connections, webhooks=True, sweep="PT60S"
     )
-    run = service.start_run("review-application", {"applicationId": "app-1001"})
-    wait_for(dsn, "SELECT step FROM runs WHERE id = %s", "await_decision", params=(run,))
+    run = service.start_run("review-application", {"applicationId": str(uuid.uuid4())})
+    request_id = waiting_for(dsn, run)
     wait_state(dsn, run, "waiting")
-    decide(products, "rev-1")
+    decide(products, request_id)
     wait_state(dsn, run, "finished")
     status = service.status(run)
-    webhooks = [w["status"] for w in products.ledger("casework")["webhooks"]]
+    pushed = products.ledger("casework")["webhooks"]
     assert status["outcome"] == "approved-and-notified"
-    assert status["output"] == {"messageId": "msg-1"}
-    assert webhooks == [202]
+    message_id = status["output"]["messageId"]
+    assert status["output"] == {"messageId": str(uuid.UUID(message_id))}
+    message = httpx.get(products.url("messaging") + f"/v1/messages/{message_id}", headers=AUTH)
+    assert (message.status_code, message.json()["status"]) == (200, "delivered")
+    assert [(p["requestId"], p["status"]) for p in pushed] == [(request_id, 204)]
     history = events(dsn, run)
-    steps = [(e["kind"], e["step"]) for e in history]
+    # Each read of the notice that found it not yet final is kept once per change of
+    # answer; how many there were depends on when Messaging's provider took it.
+    polled = [e for e in history if e["kind"] == "result-polled"]
+    assert {e["step"] for e in polled} <= {"await_delivery"}
+    kept = [e for e in history if e["kind"] != "result-polled"]
+    steps = [(e["kind"], e["step"]) for e in kept]
     assert steps == [
         ("admitted", "read_application"),
         ("call-dispatched", "read_application"),
@@ -106,65 +168,74 @@ def test_a_signed_webhook_wakes_the_run_through_the_whole_tutorial(
         ("call-answered", "notify"),
         ("step-completed", "notify"),
         ("waiting", "await_delivery"),
-        ("result-delivered", "await_delivery"),
         ("result-read", "await_delivery"),
         ("step-completed", "await_delivery"),
+        ("step-completed", "delivered"),
         ("finished", "approved"),
     ]
-    accepted = at(history[8])
-    resumed = at(history[10]) - accepted
-    next_step = at(history[11]) - accepted
+    assert kept[9]["detail"]["delivered"] is True  # the decision: read once pushed
+    assert kept[16]["detail"]["delivered"] is False  # the notice: read, nothing told
+    accepted = at(kept[8])
+    resumed = at(kept[10]) - accepted
+    next_step = at(kept[11]) - accepted
     print(
-        f"webhook accepted -> wait completed {resumed.total_seconds() * 1000:.1f} ms, "
+        f"completion accepted -> wait completed {resumed.total_seconds() * 1000:.1f} ms, "
         f"-> next step committed {next_step.total_seconds() * 1000:.1f} ms"
     )
     assert next_step < timedelta(seconds=30)  # woken by NOTIFY, not by the minute's sweep
 
 
-def test_duplicate_reordered_early_and_late_deliveries_resume_each_run_once(
+def test_duplicate_reordered_early_and_late_completions_resume_each_run_once(
     dsn: str, services: Services
 ) -> None:
-    service, products = services.deploy(["await-review"], reviews())
-    # Five identical deliveries for one waiting run.
+    """Casework pushes a completion again until it sees its 204, so the same event comes
+    more than once; events for one review may come in any order, before its run waits,
+    or after it finished. Each is kept once by its event id, and each run resumes once."""
+    service, products = services.deploy(["await-review"], pushing())
+    feed_read(products)
+    # Five identical completions for one waiting run.
     first = new_review(products)
     run_a = service.start_run("await-review", {"requestId": first})
     wait_state(dsn, run_a, "waiting")
     decide(products, first)
-    answers = [
-        deliver(service, {"result": "review-decision", "key": first, "eventId": "evt-a"})
-        for _ in range(5)
-    ]
-    # Two deliveries for one key, the later event first.
+    for _ in range(5):
+        push(service, first, "evt-a")
+    # Two completions for one review, the later event first.
     second = new_review(products)
     run_b = service.start_run("await-review", {"requestId": second})
     wait_state(dsn, run_b, "waiting")
     decide(products, second, "rejected")
-    deliver(service, {"result": "review-decision", "key": second, "eventId": "evt-b2"})
-    deliver(service, {"result": "review-decision", "key": second, "eventId": "evt-b1"})
-    # A delivery before its run even exists.
+    push(service, second, "evt-b2")
+    push(service, second, "evt-b1")
+    # A completion before its run even exists: kept, and matched when the run waits.
     third = new_review(products)
     decide(products, third)
-    early = deliver(service, {"result": "review-decision", "key": third, "eventId": "evt-c"})
+    push(service, third, "evt-c")
     run_c = service.start_run("await-review", {"requestId": third})
     for run in (run_a, run_b, run_c):
         wait_state(dsn, run, "finished")
-    # A delivery for a finished run.
+    # A completion for a finished run.
     before = events(dsn, run_a)
-    late = deliver(service, {"result": "review-decision", "key": first, "eventId": "evt-z"})
-    time.sleep(0.5)
+    push(service, first, "evt-z")
+    time.sleep(0.5)  # time enough for a wake-up it must not cause
+    with sync_connection(dsn) as conn:
+        stored = conn.execute("SELECT event_id FROM deliveries ORDER BY event_id").fetchall()
     after = events(dsn, run_a)
-    assert [a.status_code for a in answers] == [202] * 5
-    assert [a.json()["duplicate"] for a in answers] == [False, True, True, True, True]
-    assert early.status_code == 202 and early.json()["woke"] == 0
-    assert late.status_code == 202 and late.json()["woke"] == 0
     assert before == after
+    assert [r["event_id"] for r in stored] == ["evt-a", "evt-b1", "evt-b2", "evt-c", "evt-z"]
+    assert deliveries(service) == {"accepted": 5, "duplicate": 4}
     assert run_state(dsn, run_b)["output"] == {"decision": "rejected"}
     for run in (run_a, run_b, run_c):
         completed = [e for e in events(dsn, run) if e["kind"] == "step-completed"]
         assert [e["step"] for e in completed] == ["wait"], events(dsn, run)
-    with sync_connection(dsn) as conn:
-        stored = conn.execute("SELECT event_id FROM deliveries ORDER BY event_id").fetchall()
-    assert [r["event_id"] for r in stored] == ["evt-a", "evt-b1", "evt-b2", "evt-c", "evt-z"]
+    woken = [e for e in events(dsn, run_a) if e["kind"] == "result-delivered"]
+    assert len(woken) == 1, events(dsn, run_a)  # the repeated event woke nothing more
+    # The early completion was kept, and read as delivered once its run began to wait.
+    read = [e for e in events(dsn, run_c) if e["kind"] in ("result-delivered", "result-read")]
+    assert [(e["kind"], e["detail"].get("delivered")) for e in read] == [("result-read", True)]
+    for key in (first, second, third):  # no feed, no poll: only the completions woke them
+        reads = products.requests("casework", "GET", f"/v1/review-requests/{key}/result")
+        assert [r["status"] for r in reads][-1:] == [200]
 
 
 def test_forged_stale_foreign_and_oversized_deliveries_change_nothing(
@@ -253,9 +324,7 @@ def test_a_delivery_signed_for_one_connection_is_refused_by_another_sharing_its_
 def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
     dsn: str, services: Services
 ) -> None:
-    service, products = services.deploy(
-        ["await-review"], reviews(resultPoll="PT10M"), sweep="PT60S"
-    )
+    service, products = services.deploy(["await-review"], pushing(), sweep="PT60S")
     keys = [new_review(products) for _ in range(5)]
     runs = [service.start_run("await-review", {"requestId": key}) for key in keys]
     for run in runs:
@@ -268,7 +337,7 @@ def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
             "WHERE query = 'LISTEN coordinator_wake'"
         ).fetchall()
         assert killed == [{"killed": True}]
-        # Another process accepted these deliveries while the listener was away.
+        # Another process accepted these completions while the listener was away.
         for n, key in enumerate(keys):
             conn.execute(
                 QUERIES["record_delivery"],
@@ -287,17 +356,19 @@ def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
     ready = service.http.get("/ready").json()
     print(f"listener killed: 5 runs resumed {took:.2f} s after their deliveries")
     assert ready["parts"]["listener"] == {"ok": True, "reconnects": 1}
+    for run in runs:
+        assert "result-delivered" in [e["kind"] for e in events(dsn, run)]
 
 
 def test_a_two_second_timeout_takes_on_timeout_and_a_late_result_changes_nothing(
     dsn: str, services: Services
 ) -> None:
-    service, products = services.deploy(["await-review-briefly"], reviews(), sweep="PT60S")
+    service, products = services.deploy(["await-review-briefly"], pushing(), sweep="PT60S")
     key = new_review(products)
     run = service.start_run("await-review-briefly", {"requestId": key})
     wait_state(dsn, run, "finished")
     decide(products, key)
-    late = deliver(service, {"result": "review-decision", "key": key, "eventId": "late"})
+    push(service, key, "late")
     time.sleep(0.5)
     history = events(dsn, run)
     assert [e["kind"] for e in history] == ["admitted", "waiting", "step-completed", "finished"]
@@ -306,18 +377,32 @@ def test_a_two_second_timeout_takes_on_timeout_and_a_late_result_changes_nothing
     print(f"wait-for timeout lateness: {lateness.total_seconds() * 1000:.1f} ms")
     assert timedelta(0) <= lateness < timedelta(seconds=30)  # its timer, not the sweep
     assert run_state(dsn, run)["outcome"] == "not-decided"
-    assert late.status_code == 202 and late.json()["woke"] == 0
+    assert deliveries(service) == {"accepted": 1}  # kept, and it woke nothing
+    assert products.requests("casework", "GET", f"/v1/review-requests/{key}/result") == []
 
 
-def test_when_the_webhook_is_lost_the_poll_completes_the_run(dsn: str, services: Services) -> None:
-    service, products = services.deploy(["await-review"], reviews(resultPoll="PT1S"))
+def test_without_a_push_or_a_feed_read_the_poll_completes_the_run(
+    dsn: str, services: Services
+) -> None:
+    """No completions are configured (nothing is pushed: "lost") and the feed is read
+    only at startup: the run's own poll reads the result, pending (an empty 202) until
+    staff decide it."""
+    service, products = services.deploy(
+        ["await-review"], {"reviews": ("casework", {**QUIET, "resultPoll": "PT1S"})}
+    )
+    feed_read(products)
     key = new_review(products)
     run = service.start_run("await-review", {"requestId": key})
     wait_state(dsn, run, "waiting")
-    time.sleep(1.5)  # a poll or two find it pending
-    decide(products, key)  # no webhook is configured: it is "lost"
+    path = f"/v1/review-requests/{key}/result"
+    until(lambda: products.requests("casework", "GET", path), "a poll finding it pending")
+    decide(products, key)
     wait_state(dsn, run, "finished", timeout=10)
-    reads = products.requests("casework", "GET", f"/v1/review-requests/{key}/result")
+    reads = [r["status"] for r in products.requests("casework", "GET", path)]
     assert run_state(dsn, run)["output"] == {"decision": "approved"}
-    assert len(reads) >= 2
-    assert "result-delivered" not in [e["kind"] for e in events(dsn, run)]
+    assert len(reads) >= 2 and set(reads[:-1]) == {202} and reads[-1] == 200, reads
+    history = events(dsn, run)
+    assert "result-delivered" not in [e["kind"] for e in history]
+    polled = [e["detail"]["status"] for e in history if e["kind"] == "result-polled"]
+    assert polled == [202]  # pending, kept once however often it was read
+    assert products.ledger("casework")["webhooks"] == []

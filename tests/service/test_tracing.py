@@ -46,7 +46,7 @@ from tests.harness import (
     run_state,
     wait_state,
 )
-from tests.service.test_results import new_review
+from tests.service.test_results import QUIET, new_review
 
 #: Seconds after which a test waiting for the service is failed as hung, not timed.
 HANG = 60
@@ -103,6 +103,8 @@ steps:
   done: {type: finish, outcome: done}
 """
 
+#: A record the stand-in BReg has (read-record takes UUIDs).
+RECORD = "3f2a1b0c-9d8e-4f7a-8b6c-5d4e3f2a1b01"
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
 CALLER = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
@@ -391,7 +393,7 @@ async def test_a_product_call_is_a_child_of_its_step_and_sends_its_traceparent(
     it sends nothing."""
     spans = InMemorySpanExporter()
     recorder = Recorder()
-    url = f"http://127.0.0.1:{recorder.port}/records/applications/app-1"
+    url = f"http://127.0.0.1:{recorder.port}/records/applications/{RECORD}"
 
     async def sent(client: httpx.AsyncClient, run: store.Claimed, answer: Reply) -> None:
         with tracing.call(run, "records", "read-record", "GET", url) as call:
@@ -405,7 +407,7 @@ async def test_a_product_call_is_a_child_of_its_step_and_sends_its_traceparent(
         httpx.AsyncClient() as client,
     ):
         await nursery.start(recorder.serve)
-        definition, _ = await admit(db, "lookup", {"recordId": "app-1"})
+        definition, _ = await admit(db, "lookup", {"recordId": RECORD})
         run = await store.claim(db, "holder:1", timedelta(seconds=30))
         assert run is not None
         send = on_due(definition, run.record(), run.step, False, None, run.now())
@@ -460,10 +462,10 @@ def test_the_engines_calls_and_reads_send_the_runs_trace_to_the_products(
     Off, no request carries one."""
     service, products = services.deploy(
         ["lookup", "await-review"],
-        {"records": ("breg", {}), "reviews": ("casework", {"resultPoll": "PT1S"})},
+        {"records": ("breg", {}), "reviews": ("casework", {**QUIET, "resultPoll": "PT1S"})},
         extra={"tracing": {"enabled": enabled}},
     )
-    looked_up = service.start_run("lookup", {"recordId": "app-1"})
+    looked_up = service.start_run("lookup", {"recordId": RECORD})
     review = new_review(products)
     decide(products, review)  # decided already: the wait's first poll reads the result
     awaited = service.start_run("await-review", {"requestId": review})
