@@ -552,8 +552,12 @@ def _schema_mismatch(error: jsonschema.ValidationError) -> str | None:
             f"the expression gives {type_name(instance.kind)}, "
             f"but {' or '.join(map(str, allowed))} is needed"
         )
-    if error.validator in ("oneOf", "anyOf") and _contains_unknown(instance):
-        return _no_form(error)
+    if error.validator in ("oneOf", "anyOf"):
+        # Say why each form does not fit rather than that none does; with values only known
+        # at run time, only mismatches that hold for any value count (else: run time).
+        said = _no_form(error)
+        if said is not None or _contains_unknown(instance):
+            return said
     if _contains_unknown(instance) and error.validator not in (
         "required",
         "additionalProperties",
