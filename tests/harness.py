@@ -24,13 +24,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import h11
 import httpx
@@ -42,6 +42,7 @@ from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.artifact import write as write_artifact
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.devtools import reviewer
 from registry_coordinator.engine import store
 from registry_coordinator.engine.config import load_config
 from registry_coordinator.engine.database import Database, sync_connection
@@ -58,6 +59,7 @@ from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind
 
 ROOT = Path(__file__).resolve().parent.parent
+Found = TypeVar("Found")
 WORKFLOWS = ROOT / "workflows"
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -226,7 +228,15 @@ def package(workflow: str | Path, output: Path) -> tuple[Path, str]:
 
 
 STANDIN_TOKEN = "test-token-1"
+#: The token of a staff member at the stand-in Casework, who decides reviews.
+STAFF_TOKEN = "test-staff-token"
 WEBHOOK_SECRET = "test-webhook-secret"
+#: The values of the connection-bound parameters the stand-ins grant Coordinator.
+PARAMETERS: dict[str, dict[str, str]] = {
+    "breg": {"accessProfile": "coordinator"},
+    "casework": {"profile": "coordinator"},
+    "messaging": {"senderProfile": "case-notices"},
+}
 
 
 def delivery_request(
@@ -251,12 +261,53 @@ def delivery_request(
     }
 
 
+def completion_request(
+    request_id: str,
+    connection: str = "reviews",
+    *,
+    event_id: str | None = None,
+    secret: str = WEBHOOK_SECRET,
+) -> dict[str, Any]:
+    """The keyword arguments of an httpx ``post`` to ``/v1/results/{connection}`` that
+    pushes a Casework ``review.completed`` event for ``request_id``, as Casework's outbox
+    sends it: the destination's secret as a bearer token, the event id as its key."""
+    event = event_id or str(uuid.uuid4())
+    body = {
+        "type": "review.completed",
+        "eventId": event,
+        "requestId": request_id,
+        "resultId": str(uuid.uuid4()),
+        "completedAt": "2026-12-02T10:00:00Z",
+    }
+    return {
+        "url": f"/v1/results/{connection}",
+        "json": body,
+        "headers": {
+            "Authorization": f"Bearer {secret}",
+            "Idempotency-Key": event,
+            "Registry-Recipient-Binding": "coordinator",
+        },
+    }
+
+
 def connection(product: str, port: int, **settings: Any) -> dict[str, Any]:
-    """A connection to a stand-in on ``port``, authenticated with the tests' bearer token."""
+    """A connection to a stand-in on ``port``, authenticated with the tests' bearer token,
+    with the connection-bound parameters the stand-in grants."""
+    if product == "external-http":  # the stand-in directory, read in public by default
+        return {
+            "product": product,
+            "baseUrl": f"http://127.0.0.1:{port}/directory/v2",
+            "paths": ["offices"],
+            "queryParameters": ["district"],
+            "responseSchema": {"type": "object", "required": ["status", "body"]},
+            **settings,
+        }
+    bound = {"parameters": PARAMETERS[product]} if product in PARAMETERS else {}
     return {
         "product": product,
         "baseUrl": f"http://127.0.0.1:{port}",
         "identity": {"bearer": "env:STANDIN_TOKEN"},
+        **bound,
         **settings,
     }
 
@@ -323,7 +374,11 @@ def python_env() -> dict[str, str]:
 
 def process_env(**extra: str) -> dict[str, str]:
     """The environment service and stand-in processes run with: the tests' secrets."""
-    settings = {"STANDIN_TOKEN": STANDIN_TOKEN, "STANDIN_WEBHOOK_SECRET": WEBHOOK_SECRET}
+    settings = {
+        "STANDIN_TOKEN": STANDIN_TOKEN,
+        "STANDIN_STAFF_TOKEN": STAFF_TOKEN,
+        "STANDIN_WEBHOOK_SECRET": WEBHOOK_SECRET,
+    }
     return {**python_env(), **settings, **extra}
 
 
@@ -437,6 +492,17 @@ def wait_for(
     raise AssertionError(f"{sql} gave {last}, not {expected!r}, within {timeout}s")
 
 
+def until(found: Callable[[], Found | None], what: str, timeout: float = 30) -> Found:
+    """What ``found`` gives once it gives something (not None, not empty), polled."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
 @contextmanager
 def running(config: Path, log: Path, crash_at: str | None = None) -> Iterator[Service]:
     service = Service(config, log, crash_at).wait_listening()
@@ -542,17 +608,39 @@ class StandIns:
         assert response.status_code == 200
 
     def decided_reviews(self, count: int, kind: str) -> list[str]:
-        """Make ``count`` review requests at Casework and approve each; their keys."""
-        auth = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
-        keys = []
-        with httpx.Client(base_url=self.url("casework"), headers=auth) as casework:
-            for _ in range(count):
-                key = casework.post(
-                    "/v1/review-requests", json={"kind": kind, "subject": {"type": "a", "id": "1"}}
-                ).json()["requestId"]
-                casework.post(f"/v1/review-requests/{key}/decision", json={"decision": "approved"})
-                keys.append(key)
-        return keys
+        """Make ``count`` review requests at Casework and have staff approve each; their
+        request ids."""
+        return [self.review(kind, decision="approved") for _ in range(count)]
+
+    def review(self, kind: str = "application-review", decision: str | None = None) -> str:
+        """A review request Coordinator's producer made at Casework (decided by staff as
+        ``decision``, if given); its request id."""
+        headers = {
+            "Authorization": f"Bearer {STANDIN_TOKEN}",
+            "Registry-Casework-Profile": PARAMETERS["casework"]["profile"],
+            "Idempotency-Key": f"test-{uuid.uuid4()}",
+        }
+        subject = {
+            "source": "applications-registry",
+            "type": "application",
+            "id": str(uuid.uuid4()),
+            "version": "1",
+            "digest": "sha256:" + "0" * 64,
+        }
+        body = {
+            "kind": kind,
+            "subject": subject,
+            "requesterReference": "test",
+            "context": {"strategy": "submitted", "snapshot": {}},
+        }
+        created = httpx.post(
+            self.url("casework") + "/v1/review-requests", json=body, headers=headers
+        )
+        assert created.status_code == 201, created.text
+        request_id = str(created.json()["requestId"])
+        if decision is not None:
+            decide(self, request_id, decision)
+        return request_id
 
     def requests(self, product: str, method: str, path_prefix: str) -> list[dict[str, Any]]:
         return [
@@ -724,9 +812,10 @@ class Services:
 
         ``connections`` maps each connection name to its product kind and settings; one
         stand-in serves each kind, and ``also`` names more stand-ins (the IdP) by port.
-        With ``webhooks`` the stand-ins deliver signed results to the service, each
-        product to the first connection bound to it. With ``sign_in`` the stand-ins serve
-        the OpenID Connect issuer too, and the service trusts it (:func:`signed_in`).
+        With ``webhooks`` Casework pushes its completions to the service, to the first
+        connection bound to it (authenticated with the tests' webhook secret). With
+        ``sign_in`` the stand-ins serve the OpenID Connect issuer too, and the service
+        trusts it (:func:`signed_in`).
         """
         port = free_port()
         ports: dict[str, int] = dict(also or {})
@@ -735,8 +824,9 @@ class Services:
         for name, (kind, settings) in connections.items():
             ports.setdefault(kind, free_port())
             bound[name] = connection(kind, ports[kind], **settings)
-            if webhooks:
-                bound[name].setdefault("webhookSecret", "env:STANDIN_WEBHOOK_SECRET")
+            if webhooks and kind == "casework":
+                secret = {"secret": "env:STANDIN_WEBHOOK_SECRET"}
+                bound[name].setdefault("completions", secret)
                 hooks.setdefault(kind, f"http://127.0.0.1:{port}/v1/results/{name}")
         issuer = (free_port(), self.directory / "keys" / "issuer.pem") if sign_in else None
         if issuer is not None:
@@ -884,9 +974,11 @@ HANG_ONCE = {"match": "POST /v1/messages", "mode": "hang-after-apply", "seconds"
 def held_notice(dsn: str, services: Services) -> tuple[Service, StandIns, str, str]:
     """A service whose people sign in at the stand-in issuer, with one run of ``notify`` the
     case portal started, held outcome-unknown (Messaging applied it; its answer never came),
-    and the case portal's token."""
+    and the case portal's token. The connection asks Messaging nothing itself (no
+    verification), so the run is held at once, its receipt left for an operator's reconcile."""
+    notices = {"requestTimeout": "PT1S", "verification": {"attempts": 0}}
     service, products = services.deploy(
-        ["notify"], {"notices": ("messaging", {"requestTimeout": "PT1S"})}, sign_in=True
+        ["notify"], {"notices": ("messaging", notices)}, sign_in=True
     )
     products.faults("messaging", HANG_ONCE)
     token = issuer_token(services, service, "case-portal", ["coordinator.runs"])
@@ -917,25 +1009,32 @@ def h11_answer(sock: socket.socket, client: h11.Connection) -> int:
 
 
 def oauth2(idp_port: int, **credentials: str) -> dict[str, object]:
-    """A connection's identity: OAuth 2 client credentials at the stand-in IdP."""
+    """A connection's identity: OAuth 2 client credentials at the stand-in IdP, for a
+    token meant for Messaging (its RFC 8707 resource)."""
     return {
         "oauth2": {
             "tokenUrl": f"http://127.0.0.1:{idp_port}/oauth2/token",
             "clientId": "coordinator",
-            "scopes": ["messaging.send"],
+            "scopes": ["messaging:send"],
+            "resource": "urn:example:messaging",
             **credentials,
         }
     }
 
 
+#: A review's result status, and the staff decision that settles it (with its outcome).
+DECISIONS = {
+    "approved": ("approve", None),
+    "rejected": ("reject", "incomplete-evidence"),
+    "changes-requested": ("changes-requested", "missing-documents"),
+}
+
+
 def decide(products: StandIns, request_id: str, decision: str = "approved") -> None:
-    """A caseworker decides the review ``request_id`` at the stand-in Casework."""
-    response = httpx.post(
-        products.url("casework") + f"/v1/review-requests/{request_id}/decision",
-        headers={"Authorization": f"Bearer {STANDIN_TOKEN}"},
-        json={"decision": decision, "reviewer": "k.lind"},
-    )
-    assert response.status_code == 200, response.text
+    """A staff member claims the review ``request_id``'s task at the stand-in Casework and
+    decides it, so that its result's status is ``decision``."""
+    kind, outcome = DECISIONS[decision]
+    reviewer.decide(products.url("casework"), request_id, kind, STAFF_TOKEN, outcome)
 
 
 def reply(

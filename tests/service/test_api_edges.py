@@ -221,7 +221,7 @@ def test_no_start_is_admitted_once_shutdown_has_begun(
         products.faults("breg", {"match": "GET", "mode": "delay", "seconds": 60})
         service = services.start(config)
         try:
-            body = {"workflow": "lookup", "input": {"recordId": "r-1"}}
+            body = {"workflow": "lookup", "input": {"recordId": str(uuid.uuid4())}}
             assert start(service, body).status_code == 201
             products.wait_in_flight("breg")
             service.process.send_signal(signal.SIGTERM)

@@ -19,10 +19,30 @@ def test_the_demo_ends_approved_and_notified_and_runs_again(tmp_path: Path) -> N
     first = coordinator("demo", "--data", data)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "Outcome: finished approved-and-notified" in first.stdout
-    assert "a signed webhook delivered review-decision" in first.stdout
     assert "read_application: the product answered 200" in first.stdout
-    assert "await_decision: read the result, as the webhook said" in first.stdout
-    assert "#20  finished" in first.stdout
+    assert "await_decision: the product said review-decision is there" in first.stdout
+    assert "await_decision: read the result, as the product had said" in first.stdout
+    assert "await_delivery: read the result: " in first.stdout  # Messaging is only read
+    # The printed history: every event numbered in order, in the order the run took them
+    # (how often Messaging was read before the notice was delivered is the clock's).
+    lines = first.stdout.splitlines()
+    timeline = [line.split() for line in lines if re.match(r"\S+Z +#\d+ ", line)]
+    assert [int(words[1][1:]) for words in timeline] == list(range(1, len(timeline) + 1))
+    kinds = [(words[2], words[3]) for words in timeline if words[2] != "result-polled"]
+    assert kinds == [
+        ("admitted", "read_application"),
+        *[(k, "read_application") for k in ("call-dispatched", "call-answered")],
+        ("step-completed", "read_application"),
+        *[(k, "request_review") for k in ("call-dispatched", "call-answered")],
+        ("step-completed", "request_review"),
+        *[(k, "await_decision") for k in ("waiting", "result-delivered", "result-read")],
+        ("step-completed", "await_decision"),
+        ("step-completed", "route"),
+        *[(k, "notify") for k in ("call-dispatched", "call-answered", "step-completed")],
+        *[(k, "await_delivery") for k in ("waiting", "result-read", "step-completed")],
+        ("step-completed", "delivered"),
+        ("finished", "approved"),
+    ], first.stdout
     second = coordinator("demo", "--data", data)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "Outcome: finished approved-and-notified" in second.stdout
@@ -60,14 +80,15 @@ def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
             if "In another terminal" in line:
                 printed = demo.stdout.readline()
                 lines.append(printed)
+                # NAME=TOKEN coordinator review ID approve ...: as a caseworker types it.
                 words = printed.split("coordinator ", 1)[1].split()
-                token = printed.strip().split()[0].split("=", 1)[1]
+                name, token = printed.strip().split()[0].split("=", 1)
                 review = subprocess.run(
                     [sys.executable, "-m", "registry_coordinator", *words],
                     capture_output=True,
                     text=True,
                     cwd=ROOT,
-                    env={**process_env(), "STANDIN_TOKEN": token},
+                    env={**process_env(), name: token},
                     check=False,
                 )
                 assert review.returncode == 0, review.stderr

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,7 @@ def test_two_processes_share_one_port_and_the_work_and_lose_nothing_to_kills(
                 c.pid for c in psutil.Process(supervised.process.pid).children()
             )
 
-            runs = [start(callers, f"app-{n}") for n in range(FIRST_BATCH)]
+            runs = [start(callers, str(uuid.uuid4())) for _ in range(FIRST_BATCH)]
             # Every start through the one port was admitted by one child or the other.
             assert sum(started_counts(supervised.process_ports, 2)) == FIRST_BATCH
 
@@ -199,8 +200,7 @@ def test_two_processes_share_one_port_and_the_work_and_lose_nothing_to_kills(
             )
             psutil.Process(first[1]).send_signal(signal.SIGKILL)
             # Starts go on through the port while child 1 is dead or starting again.
-            later = range(FIRST_BATCH, FIRST_BATCH + SECOND_BATCH)
-            runs += [start(callers, f"app-{n}") for n in later]
+            runs += [start(callers, str(uuid.uuid4())) for _ in range(SECOND_BATCH)]
             supervised.wait_log(lambda _: supervised.ready_count(1) == 2, "child 1 not back")
             messages = supervised.messages()
             assert "process 1 was killed by SIGKILL; starting it again in 1 s" in messages
@@ -218,9 +218,16 @@ def test_two_processes_share_one_port_and_the_work_and_lose_nothing_to_kills(
             # No mutation applied twice: one invoke-action per run took effect.
             applied = products.ledger("breg")["applied"]
             assert applied == {f"coordinator:{run}:act": 1 for run in runs}
-            sent = Counter(r["key"] for r in products.requests("breg", "POST", "/v1/actions"))
+            invocations = [
+                r for r in products.requests("breg", "POST", "/v1/actions/") if r["key"]
+            ]  # the invocations, not the reads that prepared them (they carry no key)
+            sent = Counter(r["key"] for r in invocations)
             resent = {key for key, times in sent.items() if times > 1}
-            assert resent <= retried_keys(dsn), resent  # only as an operator asked
+            # Sent again only as an operator asked, or as the engine asked BReg what became
+            # of a call cut off by the kill: by the identical request, under its key.
+            assert resent <= retried_keys(dsn) | verified_keys(dsn), resent
+            bodies = {(r["key"], r["bodySha256"]) for r in invocations if r["key"] in resent}
+            assert len(bodies) == len(resent), bodies
 
             # A child whose event loop is stuck stops pinging: it is killed, started again.
             psutil.Process(first[0]).send_signal(signal.SIGUSR1)
@@ -276,6 +283,17 @@ def resolve_held(dsn: str, url: str) -> None:
         )
         assert response.status_code == 200, response.text
     wait_for(dsn, "SELECT count(*) FROM runs WHERE ended_at IS NULL", 0, timeout=120)
+
+
+def verified_keys(dsn: str) -> set[str]:
+    """The idempotency keys of the calls the engine asked about by sending them again
+    (``verify-scheduled``: BReg answers the identical request with the original answer)."""
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            "SELECT x.idempotency_key FROM run_events e JOIN executions x "
+            "ON x.run_id = e.run_id AND x.step = e.step WHERE e.kind = 'verify-scheduled'"
+        ).fetchall()
+    return {r["idempotency_key"] for r in rows}
 
 
 def retried_keys(dsn: str) -> set[str]:

@@ -7,9 +7,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from tests.harness import ROOT, free_port, python_env
 
 TUTORIAL = ROOT / "docs" / "tutorial.md"
+SCENARIOS = ROOT / "workflows" / "review-application" / "scenarios.yaml"
+#: What a call whose answer never came leaves in its run's history before the receipt
+#: Messaging kept completes it.
+VERIFYING = ("call-lost", "verify-scheduled", "receipt-looked-up")
 WORK = ROOT / "var" / "tutorial"
 
 
@@ -37,19 +43,40 @@ def test_every_tutorial_command_runs_in_order() -> None:
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         output = result.stdout
-        assert "10 of 10 scenarios passed" in output
+        scenarios = yaml.safe_load(SCENARIOS.read_text())["scenarios"]
+        assert f"{len(scenarios)} of {len(scenarios)} scenarios passed" in output
         assert output.count("state     finished at step approved") == 2  # runs 1 and 2
         assert "retry-scheduled" in output  # run 2, while Messaging was down
-        assert "hold      outcome-unknown" in output  # run 3
-        history = output[output.rindex("#1   admitted") :]  # run 3's history, printed last
+        # Run 3: the notice's answer never came; Coordinator asked Messaging for its receipt
+        # (a read, resending the original key and body) and completed the step with it.
+        held_at = output.index("hold      outcome-unknown")  # run 4's status
+        asked = [line.split() for line in output[:held_at].splitlines() if "  #" in line]
+        asked = [words for words in asked if words[2] in VERIFYING]
+        assert [words[2] for words in asked] == list(VERIFYING), asked
+        assert '"status": 200' in " ".join(asked[-1]), asked
+        history = output[output.rindex("#1   admitted") :]  # run 4's history, printed last
         kinds = [line.split()[2] for line in history.splitlines() if "  #" in line]
+        # The 500 made the outcome unknown; the receipt route, asked twice, had nothing
+        # (409, receipt.unresolved): held. The operator's retry-same sent the same request
+        # under its key; then Messaging was read until the notice was delivered.
+        before = kinds[kinds.index("call-dispatched", kinds.index("result-read")) :]
+        assert before[: before.index("held") + 1] == [
+            *("call-dispatched", "call-answered"),
+            *("verify-scheduled", "receipt-looked-up") * 2,
+            "held",
+        ], kinds
         after = kinds[kinds.index("held") :]
-        # notify completes from Messaging's receipt; the delivery webhook may arrive before
-        # the wait begins (then no result-delivered event: the wait finds it at once). The
-        # wait completes on the result it reads from Messaging.
-        assert after[:3] == ["held", "reconciled", "waiting"], kinds
-        assert after[-3:] == ["result-read", "step-completed", "finished"], kinds
-        assert set(after[3:-3]) <= {"result-delivered"}, kinds
+        assert after[:6] == [
+            *("held", "retry-same", "call-dispatched", "call-answered"),
+            *("step-completed", "waiting"),
+        ], kinds
+        assert after[-4:] == ["result-read", "step-completed", "step-completed", "finished"]
+        assert set(after[6:-4]) <= {"result-polled"}, kinds
+        lines = [line for line in history.splitlines() if "  #" in line]
+        looked = [line for line in lines if " receipt-looked-up " in line]
+        assert all('"status": 409' in line for line in looked), looked
+        sent = [line for line in lines if " call-answered " in line and "notify" in line]
+        assert ['"status": 500' in line for line in sent] == [True, False], sent
         assert re.search(r"bundle of run \S+: \d+ events chained, the first \d+ under", output)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

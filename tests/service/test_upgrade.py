@@ -12,8 +12,10 @@ events from before the upgrade by the migration and those after by the trigger.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -22,6 +24,7 @@ from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from tests.harness import (
     HANG_ONCE,
+    STANDIN_TOKEN,
     Cluster,
     Services,
     StandIns,
@@ -30,6 +33,7 @@ from tests.harness import (
     decide,
     events,
     run_state,
+    until,
     wait_state,
 )
 
@@ -68,6 +72,14 @@ REVERSALS: dict[int, str] = {
     11: """
         ALTER TABLE runs DROP COLUMN traceparent;
         DELETE FROM coordinator_migrations WHERE version = 11;
+    """,
+    # The products' contracts: sealed headers and preparations, checks, feed cursors.
+    12: """
+        DROP TABLE feed_cursors;
+        ALTER TABLE runs DROP COLUMN checks;
+        ALTER TABLE executions DROP COLUMN prepared;
+        ALTER TABLE executions DROP COLUMN headers;
+        DELETE FROM coordinator_migrations WHERE version = 12;
     """,
 }
 
@@ -125,24 +137,31 @@ CATALOG = {
     "migrations": "SELECT version, name, checksum FROM coordinator_migrations ORDER BY version",
 }
 
+#: The engine asks no product what became of a mutation whose outcome is unknown: such a
+#: run is held at once, and stays held across the upgrade until an operator acts.
+ASKS_NOTHING = {"verification": {"attempts": 0}}
 #: Each workflow's connection, bound to its stand-in product. The notices time out after
-#: a second, so the notice whose answer Messaging keeps (HANG_ONCE) is held.
+#: a second, so the notice whose answer Messaging keeps (HANG_ONCE) is held. Casework's
+#: feed is read only as each service starts: the review's wake-up is the test's webhook.
 CONNECTIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "notices": ("messaging", {"requestTimeout": "PT1S"}),
+    "notices": ("messaging", {"requestTimeout": "PT1S", **ASKS_NOTHING}),
     "records": ("breg", {}),
-    "registry": ("breg", {}),
-    **reviews(),
+    "registry": ("breg", ASKS_NOTHING),
+    **reviews(feedPoll="PT10M", resultPoll="PT10M"),
 }
 WORKFLOWS = ["notify", "await-review", "lookup", "act", "timed-choice"]
 
-#: BReg applies the action and keeps its answer, and holds reads back: both calls are in
-#: flight when the service is killed.
+#: BReg applies the action and keeps its answer, and holds record reads back: both calls
+#: are in flight when the service is killed (the reads that prepare the action, of the
+#: registry's metadata and the target's condition, are answered).
 IN_FLIGHT = [
-    {"match": "POST /v1/actions", "mode": "hang-after-apply", "seconds": 60},
-    {"match": "GET /v1/", "mode": "delay", "seconds": 60},
+    {"match": "POST /v1/actions/mark-reviewed$", "mode": "hang-after-apply", "seconds": 60},
+    {"match": "GET /v1/records/", "mode": "delay", "seconds": 60},
 ]
 
 REASON = {"reason": "UPG-9: checked after the upgrade"}
+ACTION = "/v1/actions/mark-reviewed"  # act's invocation
+AUTH = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
 
 
 def after_previous() -> list[migrations.Migration]:
@@ -193,10 +212,13 @@ def hashes(dsn: str) -> dict[tuple[str, int], bytes]:
 
 
 def mutations(products: StandIns, product: str, path: str) -> list[tuple[str, str]]:
-    """The (idempotency key, body digest) of each mutation Coordinator sent ``product``, in
-    the order received (requests without a key are the test's own)."""
-    sent = products.requests(product, "POST", path)
-    return [(r["key"], r["bodySha256"]) for r in sent if r["key"] is not None]
+    """The (idempotency key, body digest) of each request Coordinator sent ``product`` at
+    ``path`` under a key of its own (``coordinator:RUN:STEP``), in the order received: the
+    test's own requests, a review requested and decided at Casework, are not Coordinator's."""
+    sent = [r for r in products.requests(product, "POST", path) if r["path"] == path]
+    return [
+        (r["key"], r["bodySha256"]) for r in sent if (r["key"] or "").startswith("coordinator:")
+    ]
 
 
 def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
@@ -210,8 +232,8 @@ def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
     review = new_review(products)
     awaiting = service.start_run("await-review", {"requestId": review})
     wait_state(dsn, awaiting, RunState.WAITING)
-    reading = service.start_run("lookup", {"recordId": "app-1"})
-    acting = service.start_run("act", {"recordId": "app-2"})
+    reading = service.start_run("lookup", {"recordId": str(uuid.uuid4())})
+    acting = service.start_run("act", {"recordId": str(uuid.uuid4())})
     products.wait_in_flight("breg", 2)
     # Due 2 s after its admission: while the service is down, so the restart finds it late.
     sleeping = service.start_run("timed-choice", {"answer": "yes"})
@@ -250,7 +272,12 @@ def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
     assert hashes(dsn) == chained  # the migration chains the old events as the trigger did
 
     products.faults("breg")  # the reads and actions from now on are answered at once
+    feed_reads = len(products.requests("casework", "GET", "/v1/review-results"))
     again = services.start(service.config)
+    until(  # its first pass over Casework's feed, before the review is decided
+        lambda: len(products.requests("casework", "GET", "/v1/review-results")) > feed_reads,
+        "the restarted service's first read of Casework's feed",
+    )
     wait_state(dsn, acting, RunState.HELD)  # a mutation cut off by the kill: never resent
     assert run_state(dsn, acting)["hold_code"] == HoldCode.DISPATCH_INTERRUPTED
     for run in (reading, sleeping):
@@ -260,7 +287,7 @@ def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
     assert (woken.status_code, woken.json()["woke"]) == (202, 1)
     wait_state(dsn, awaiting, RunState.FINISHED)
     assert run_state(dsn, notice)["state"] == RunState.HELD  # it waits for an operator
-    actions = mutations(products, "breg", "/v1/actions")
+    actions = mutations(products, "breg", ACTION)
     notices = mutations(products, "messaging", "/v1/messages")
     assert [key for key, _ in actions] == [f"coordinator:{acting}:invoke"]
     assert [key for key, _ in notices] == [f"coordinator:{notice}:send"]
@@ -279,15 +306,25 @@ def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
         acting: "acted",
         sleeping: "yes",
     }
-    assert statuses[notice]["output"] == {"messageId": "msg-1"}  # the receipt's
+    # The receipt's: the message Messaging accepted, as Messaging shows it.
+    message = statuses[notice]["output"]["messageId"]
+    shown = httpx.get(f"{products.url('messaging')}/v1/messages/{message}", headers=AUTH)
+    assert shown.status_code == 200 and shown.json()["id"] == message, shown.text
     assert statuses[awaiting]["output"] == {"decision": "approved"}
     # Each mutation reached its product once, and the action once more only when an
     # operator asked, with the same key and bytes; each product applied each once.
     assert mutations(products, "messaging", "/v1/messages") == notices
-    assert mutations(products, "breg", "/v1/actions") == actions * 2
+    assert mutations(products, "breg", ACTION) == actions * 2
     assert products.ledger("messaging")["applied"] == {notices[0][0]: 1}
     assert products.ledger("breg")["applied"] == {actions[0][0]: 1}
-    assert mutations(products, "casework", "/v1/") == []
+    # The reconcile asked Messaging for its receipt once, resending the original key and
+    # body to the receipt route (a read); Casework got no request under a key of ours.
+    assert mutations(products, "messaging", "/v1/messages/receipt") == notices
+    assert not [
+        r
+        for r in products.ledger("casework")["requests"]
+        if (r["key"] or "").startswith("coordinator:")
+    ]
 
     # Each history goes on from where it was, gap-free, with what the engine's rules say:
     # the read cut off by the kill read again; the action cut off held until an operator

@@ -33,13 +33,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.artifact import check_source, write
+from registry_coordinator.devtools.reviewer import ReviewRefused, decide
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path, mint
 from registry_coordinator.http.remote import describe_history
 from registry_coordinator.semantics.codes import RunState
 
-APPLICATION = "app-1001"
+APPLICATION = "7d1c2a4e-0b5f-4c3a-9e21-5a6b7c8d9e01"
 TOKEN = "demo-stand-in-token"
+STAFF_TOKEN = "demo-staff-token"
 WEBHOOK_SECRET = "demo-webhook-secret"
 WORKFLOW = "review-application"
 
@@ -80,6 +82,7 @@ class Demo:
         self.environment = {
             **os.environ,
             "STANDIN_TOKEN": TOKEN,
+            "STANDIN_STAFF_TOKEN": STAFF_TOKEN,
             "STANDIN_WEBHOOK_SECRET": WEBHOOK_SECRET,
         }
 
@@ -111,13 +114,32 @@ class Demo:
                 "product": product,
                 "baseUrl": f"http://127.0.0.1:{self.ports[product]}",
                 "identity": {"bearer": "env:STANDIN_TOKEN"},
-                "webhookSecret": "env:STANDIN_WEBHOOK_SECRET",
-                "resultPoll": "PT1M",
+                "parameters": parameters,
+                **more,
             }
-            for name, product in (
-                ("applications", "breg"),
-                ("reviews", "casework"),
-                ("notices", "messaging"),
+            for name, product, parameters, more in (
+                ("applications", "breg", {"accessProfile": "coordinator"}, {}),
+                (
+                    "reviews",
+                    "casework",
+                    {"profile": "coordinator"},
+                    {
+                        # Casework pushes review.completed with this secret as a bearer
+                        # token; its result feed is read every feedPoll in case one is lost.
+                        "completions": {
+                            "secret": "env:STANDIN_WEBHOOK_SECRET",
+                            "recipientBinding": "coordinator",
+                        },
+                        "resultPoll": "PT1M",
+                    },
+                ),
+                # Messaging pushes nothing: the notice is read, soon and then less often.
+                (
+                    "notices",
+                    "messaging",
+                    {"senderProfile": "case-notices"},
+                    {"resultPollFirst": "PT1S"},
+                ),
             )
         }
         config = {
@@ -214,10 +236,7 @@ class Demo:
         args = ["stand-ins", "--delivery-delay", "1.5"]
         args += [f"--product={p}={self.ports[p]}" for p in ("breg", "casework", "messaging")]
         args += [f"--issuer={self.ports['issuer']}", f"--issuer-key={self.key}"]
-        args += [
-            f"--webhook=casework={self.url}/v1/results/reviews",
-            f"--webhook=messaging={self.url}/v1/results/notices",
-        ]
+        args += [f"--webhook=casework={self.url}/v1/results/reviews"]
         command(*args)
         self.start("stand-ins", args, self.data / "stand-ins.log")
 
@@ -313,22 +332,19 @@ class Demo:
 
     def review(self, request_id: str) -> None:
         casework = f"http://127.0.0.1:{self.ports['casework']}"
-        words = ["review", request_id, "approved", "--casework", casework]
+        words = ["review", request_id, "approve", "--casework", casework]
         if self.interactive:
-            say("   The reviewer's turn. In another terminal, approve (or reject) it:")
-            say(f"     STANDIN_TOKEN={TOKEN} coordinator " + " ".join(words))
+            say("   A caseworker's turn. In another terminal, approve (or reject) it:")
+            say(f"     STANDIN_STAFF_TOKEN={STAFF_TOKEN} coordinator " + " ".join(words))
             say("   (the demo follows the run meanwhile)")
             return
         time.sleep(2)
-        say("   The reviewer approves:")
+        say("   A caseworker claims the review's task at Casework and approves it:")
         command(*words)
-        response = httpx.post(
-            f"{casework}/v1/review-requests/{request_id}/decision",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            json={"decision": "approved", "reviewer": "demo reviewer"},
-        )
-        if response.status_code != 200:
-            raise DemoFailed(f"the stand-in Casework refused the decision: {response.text}")
+        try:
+            decide(casework, request_id, "approve", STAFF_TOKEN)
+        except ReviewRefused as exc:
+            raise DemoFailed(f"the stand-in Casework refused the decision: {exc}") from None
 
     # --- stopping --------------------------------------------------------------------------
 
@@ -362,7 +378,7 @@ def narrate(event: dict[str, Any]) -> str:
         answer = detail["status"] or detail["outcome"]
         return f"{step}: polled {detail['url']}: {answer}, no result yet"
     if kind == "result-read":
-        came = ", as the webhook said" if detail["delivered"] else ""
+        came = ", as the product had said" if detail["delivered"] else ""
         return f"{step}: read the result{came}: {detail['url']} answered {detail['status']}"
     if kind == "step-completed":
         return f"{step}: done, next {detail['next']} (via {detail['via']})"
@@ -371,7 +387,7 @@ def narrate(event: dict[str, Any]) -> str:
             return f"{step}: waiting for {detail['result']} {detail['key']}"
         return f"{step}: waiting until {detail['until']}"
     if kind == "result-delivered":
-        return f"{step}: a signed webhook delivered {detail['result']} for {detail['key']}"
+        return f"{step}: the product said {detail['result']} is there for {detail['key']}"
     if kind == "finished":
         return f"{step}: finished with outcome {detail['outcome']}"
     return f"{step}: {kind} {json.dumps(detail)}"
