@@ -266,7 +266,7 @@ def test_connection_bound_parameters_and_task_authority_are_checked_per_connecti
     )
     assert invalid[2] == (
         "connection registry parameter accessProfile: 'Not A Profile' does not match "
-        "'^[a-z_][a-z0-9._-]{0,127}$'"
+        "'^[a-z][a-z0-9._-]{0,127}$'"
     )
     assert invalid[3].startswith("give accessProfile a value breg takes: the BReg access profile")
     assert missing[2].startswith("connection notices must set messaging's senderProfile: ")
