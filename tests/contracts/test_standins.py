@@ -144,10 +144,22 @@ async def test_messaging_answers_submissions_receipts_and_reads_as_its_contract_
         ):
             refused("messaging", unresolved, "receipt.unresolved")
         without = {k: v for k, v in body.items() if k != "senderProfile"}
-        refused(
+        refused(  # the request is closed, its senderProfile required: a shape refused
             "messaging",
             await client.post("/v1/messages", json=without, headers=key()),
+            "request.unprocessable",
+        )
+        refused(
+            "messaging",
+            await client.post(
+                "/v1/messages", json={**body, "senderProfile": "marketing"}, headers=key()
+            ),
             "profile.not-authorized",
+        )
+        refused(
+            "messaging",
+            await client.post("/v1/messages", json={**body, "data": None}, headers=key()),
+            "template.data-invalid",
         )
         refused("messaging", await client.post("/v1/messages", json=body), "request.invalid")
         await trio.sleep(0.1)  # the stand-in's provider takes the message at once
@@ -214,6 +226,43 @@ async def test_casework_answers_requests_results_and_its_feed_as_its_contract_sa
                 "/v1/review-results", params={"cursor": str(uuid.uuid4())}, headers=profile
             ),
             "review.result-expired",
+        )
+
+
+@pytest.mark.trio
+async def test_casework_supersedes_the_review_of_an_earlier_version_of_a_subject() -> None:
+    """A request for another version of a subject under the same kind settles every review
+    of its earlier versions still under way as superseded: a result, a feed entry
+    (``crates/registry-casework/src/review.rs`` ``create_review``, the commit the fixture
+    names)."""
+    facts = CONTRACTS["casework"]["operations"]["request-review"]
+    profile = {"Registry-Casework-Profile": PARAMETERS["casework"]["profile"]}
+    given = {**facts["accepts"][0], "context": {"strategy": "submitted", "snapshot": {}}}
+    later = {**given, "subject": {**given["subject"], "version": "later"}}
+    async with serving("casework") as client:
+        first = await client.post("/v1/review-requests", json=given, headers={**profile, **key()})
+        earlier = answered("casework", "request-review", first)["requestId"]
+        second = await client.post("/v1/review-requests", json=later, headers={**profile, **key()})
+        assert second.status_code == 201
+        read = await client.get(f"/v1/review-requests/{earlier}/result", headers=profile)
+        superseded = answered("casework", "read-review-result", read)
+        assert superseded["status"] == "superseded"
+        assert (
+            builtin_catalog().products["casework"].results["review-decision"].is_final(superseded)
+        )
+        page = (await client.get("/v1/review-results", headers=profile)).json()
+        assert [e["requestId"] for e in page["items"]] == [earlier]
+        pending = second.json()["requestId"]
+        still = await client.get(f"/v1/review-requests/{pending}/result", headers=profile)
+        assert still.status_code == 202
+        refused(
+            "casework",
+            await client.post(
+                "/v1/review-requests",
+                json={**later, "subject": {**later["subject"], "version": "again"}},
+                headers={**profile, **key(), "Registry-Source-Profile": "intake"},
+            ),
+            "source-profile.not-applicable",
         )
 
 

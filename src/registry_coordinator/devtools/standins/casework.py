@@ -5,10 +5,12 @@ profile (``Registry-Casework-Profile``), naming one version of a subject; the sa
 and request, or the same subject version under another key, recover the original
 request (200). Staff decide: a staff member claims the review's task (``If-Match`` its
 revision) and records a decision on it; Coordinator never decides. The settled result is
-read with 200, pending with an empty 202, unknown with an empty 404. Each settlement is
-listed on the result feed, and pushed as ``review.completed`` to the producer's
-destination (the stand-in's webhook) with the destination's static secret as a bearer
-token, again every ``retry`` seconds until the destination answers an empty 204.
+read with 200, pending with an empty 202, unknown with an empty 404. A request for another
+version of a subject under the same kind settles every review of its earlier versions
+still under way as ``superseded``. Each settlement is listed on the result feed, and
+pushed as ``review.completed`` to the producer's destination (the stand-in's webhook)
+with the destination's static secret as a bearer token, again every ``retry`` seconds
+until the destination answers an empty 204, a dozen times at most.
 """
 
 from __future__ import annotations
@@ -129,6 +131,11 @@ PROBLEMS = {
         "Casework runtime failure",
         "Casework could not complete the request.",
     ),
+    "source-profile.not-applicable": (
+        400,
+        "Source profile not applicable",
+        "This route does not take Registry-Source-Profile.",
+    ),
     "service.unavailable": (
         503,
         "Casework service unavailable",
@@ -208,8 +215,8 @@ class Casework(StandIn):
             raise Refusal("request.invalid", "send Registry-Casework-Profile")
         if profile != (STAFF_PROFILE if route.staff else REQUESTER_PROFILE):
             raise Refusal("profile.not-authorized")
-        if "Registry-Source-Profile" in call.headers:
-            raise Refusal("request.invalid", "omit Registry-Source-Profile for this request")
+        if "Registry-Source-Profile" in call.headers and not route.staff:
+            raise Refusal("source-profile.not-applicable")
 
     # --- the producer's routes ------------------------------------------------------------
 
@@ -224,6 +231,10 @@ class Casework(StandIn):
                 if review.accepted["submissionDigest"] != submission:
                     raise Refusal("review.submission-conflict")
                 return Answer(200, review.accepted)
+        for review in list(self.reviews.values()):
+            same_subject = review.binding[:3] == binding[:3] and review.binding[4] == binding[4]
+            if same_subject and review.result is None:
+                self.settle(review, "superseded", {})
         request_id = new_id()
         policy = {"id": body["kind"], "version": "1", "digest": _digest({"kind": body["kind"]})}
         accepted = {
@@ -300,6 +311,8 @@ class Casework(StandIn):
         return review
 
     async def claim(self, call: Call) -> Answer:
+        if call.raw:
+            raise Refusal("request.invalid", "a claim has no body")
         review = self._task_at(call)
         if review.holder is not None and review.holder != "staff":
             raise Refusal("review.task-not-held")
@@ -313,10 +326,12 @@ class Casework(StandIn):
         decision = call.body.get("decision") if isinstance(call.body, dict) else None
         kind = decision.get("type") if isinstance(decision, dict) else None
         if kind not in _DECISIONS:
-            raise Refusal("request.invalid", "decide approve, reject, changes-requested or answer")
+            raise Refusal(
+                "request.unprocessable", "decide approve, reject, changes-requested or answer"
+            )
         assert isinstance(decision, dict)
         if kind != "approve" and not isinstance(decision.get("outcome"), str):
-            raise Refusal("request.invalid", "name the decision's outcome")
+            raise Refusal("request.unprocessable", "name the decision's outcome")
         self.settle(review, _DECISIONS[kind], decision)
         return Answer(204, empty=True)
 
@@ -331,7 +346,7 @@ class Casework(StandIn):
             "policy": review.accepted["policy"],
             "submissionDigest": review.accepted["submissionDigest"],
             "status": status,
-            **({"outcome": decision["outcome"]} if status != "approved" else {}),
+            **({"outcome": decision["outcome"]} if "outcome" in decision else {}),
             **({"result": decision["result"]} if isinstance(decision.get("result"), dict) else {}),
             "completedAt": format_instant(completed),
             "availableUntil": format_instant(completed + RETAINED),
@@ -410,12 +425,12 @@ def _create_request(body: JSON) -> dict[str, JSON]:
     if not isinstance(subject["digest"], str) or not _DIGEST.match(subject["digest"]):
         raise Refusal("request.unprocessable", "subject.digest is sha256:<64 hex>")
     if not _text(body.get("requesterReference"), 256):
-        raise Refusal("request.unprocessable", "requesterReference is 1 to 256 bytes of text")
+        raise Refusal("request.invalid", "requesterReference is 1 to 256 bytes of text")
     context = body.get("context")
     if not isinstance(context, dict) or context.get("strategy") not in ("submitted", "source"):
         raise Refusal("request.unprocessable", "context is {strategy: submitted|source, ...}")
     if context["strategy"] == "submitted" and not isinstance(context.get("snapshot"), dict):
-        raise Refusal("request.unprocessable", "a submitted context carries a snapshot object")
+        raise Refusal("request.invalid", "a submitted context carries a snapshot object")
     if context["strategy"] == "source":
         binding = context.get("binding")
         if not isinstance(binding, dict) or not _text(binding.get("reference"), 256):

@@ -123,6 +123,11 @@ PROBLEMS = {
         "Messaging service unavailable",
         "Messaging is unavailable. Try again after the service recovers.",
     ),
+    "template.data-invalid": (
+        422,
+        "Template data invalid",
+        "The template data does not match what the template takes.",
+    ),
     "template.not-found": (
         404,
         "Template not found",
@@ -223,6 +228,8 @@ def _submission(body: JSON) -> dict[str, JSON]:
     if not isinstance(body, dict) or set(body) - _KNOWN or "to" not in body:
         raise Refusal("request.unprocessable", "a submission is a closed SubmitMessageRequest")
     sender = body.get("senderProfile")
+    if not isinstance(sender, str):
+        raise Refusal("request.unprocessable", "a submission names its senderProfile")
     if sender not in SENDERS:
         raise Refusal("profile.not-authorized", "the access profile lists no such sender profile")
     to = body["to"]
@@ -237,4 +244,6 @@ def _submission(body: JSON) -> dict[str, JSON]:
     direct = "content" in body and not {"template", "locale", "data"} & set(body)
     if templated == direct:
         raise Refusal("request.unprocessable", "give template, locale and data, or content")
+    if templated and not isinstance(body["data"], dict):
+        raise Refusal("template.data-invalid", "template data is an object")
     return body
