@@ -20,7 +20,7 @@ from registry_coordinator.engine import console_reads, operator_actions, store
 from registry_coordinator.engine.database import Database
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Held, Request, Send, on_due, settle
-from tests.harness import TEST_WORKFLOWS, database, reply
+from tests.harness import TEST_WORKFLOWS, breg_record, database, reply
 
 LEASE = timedelta(seconds=30)
 #: A cursor before which every run was admitted: the listing's first page.
@@ -49,20 +49,7 @@ def record_id(key: str) -> str:
 
 
 #: BReg's answer to read-record that takes bench-four's choice to its mutation.
-AWAITING_REVIEW = json.dumps(
-    {
-        "data": {
-            "recordIdentifier": record_id("app-1"),
-            "revisionIdentifier": "1",
-            "domainData": {"status": "awaiting-review"},
-        },
-        "meta": {
-            "registryIdentifier": "applications-registry",
-            "datasetIdentifier": "applications",
-            "entityTypeIdentifier": "application",
-        },
-    }
-).encode()
+AWAITING_REVIEW = json.dumps(breg_record(record_id("app-1"))).encode()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.semantics.steps import Await, Send, on_due, result_arrived, settle
-from tests.harness import admit, database, events, reply
+from tests.harness import admit, breg_record, database, events, reply
 from tests.interleave import Failing, Paused, rival_while_paused, rival_while_uncommitted
 
 LEASE = timedelta(seconds=30)
@@ -235,20 +235,7 @@ async def test_a_settlement_sent_again_after_an_outage_hid_its_commit_applies_on
     came back; the holder sends the same statement again (as it does through an outage).
     It finds its own settlement and carries on: one step-completed, not two."""
     record = "8d0f4a52-5b7e-4c1a-9e36-2f1c7b5d9a10"
-    body = json.dumps(
-        {
-            "data": {
-                "recordIdentifier": record,
-                "revisionIdentifier": "1",
-                "domainData": {"status": "awaiting-review"},
-            },
-            "meta": {
-                "registryIdentifier": "applications-registry",
-                "datasetIdentifier": "applications",
-                "entityTypeIdentifier": "application",
-            },
-        }
-    ).encode()
+    body = json.dumps(breg_record(record)).encode()
     async with database(dsn) as db:
         definition, run_id = await admit(db, "bench-four", {"recordId": record})
         run = await store.claim(db, "holder:1", LEASE)

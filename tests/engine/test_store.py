@@ -23,7 +23,7 @@ from registry_coordinator.semantics.steps import (
     on_due,
     settle,
 )
-from tests.harness import TEST_WORKFLOWS, database, events
+from tests.harness import TEST_WORKFLOWS, breg_record, database, events
 
 LEASE = timedelta(seconds=30)
 
@@ -109,14 +109,7 @@ async def test_the_step_after_the_chain_is_decided_once_at_the_instant_it_commit
         await store.admit(db, definition, checked.digest, "test", "k", {"recordId": record_id})
         run = await store.claim(db, "holder:1", LEASE)
         assert run is not None
-        record = {"recordIdentifier": record_id, "revisionIdentifier": "1"}
-        meta = {
-            "registryIdentifier": "applications-registry",
-            "datasetIdentifier": "applications",
-            "entityTypeIdentifier": "application",
-        }
-        answer = {"data": {**record, "domainData": {"status": "awaiting-review"}}, "meta": meta}
-        reply = Reply(ReplyKind.RESPONSE, 200, json.dumps(answer).encode())
+        reply = Reply(ReplyKind.RESPONSE, 200, json.dumps(breg_record(record_id)).encode())
         now = run.now()
         read = settle(definition, "read", reply, 0, now)
         assert isinstance(read, Advance) and read.next == "decide"

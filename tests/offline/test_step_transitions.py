@@ -43,7 +43,7 @@ from registry_coordinator.semantics.steps import (
     path_segment,
     settle,
 )
-from tests.harness import WORKFLOWS
+from tests.harness import WORKFLOWS, review_result
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 READ, MUTATION = "read_application", "notify"
@@ -192,20 +192,6 @@ def test_a_retry_is_due_from_its_instant_on() -> None:
 
 def answer(status: int | None, body: object, kind: ReplyKind = ReplyKind.RESPONSE) -> Reply:
     return Reply(kind, status, json.dumps(body).encode())
-
-
-def review_result(status: str) -> dict[str, object]:
-    """Casework's ReviewResult as its result read answers it (200)."""
-    return {
-        "resultId": "r-1",
-        "requestId": "rv-1",
-        "subject": {},
-        "policy": {},
-        "submissionDigest": "sha256:x",
-        "status": status,
-        "completedAt": "2026-03-01T12:00:00Z",
-        "availableUntil": "2026-06-01T12:00:00Z",
-    }
 
 
 def test_only_the_reads_own_success_with_a_final_valid_result_is_taken() -> None:

@@ -47,7 +47,7 @@ from registry_coordinator.semantics.steps import (
     result_arrived,
     settle,
 )
-from tests.harness import WORKFLOWS, reply
+from tests.harness import WORKFLOWS, reply, review_result
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -324,16 +324,7 @@ def test_query_parameters_for_reads() -> None:
 
 
 def result(status: str) -> dict[str, object]:
-    return {
-        "resultId": "r-1",
-        "requestId": "q-1",
-        "subject": {},
-        "policy": {},
-        "submissionDigest": "sha256:x",
-        "status": status,
-        "completedAt": "2026-03-01T12:00:00Z",
-        "availableUntil": "2026-06-01T12:00:00Z",
-    }
+    return review_result(status, "q-1")
 
 
 def test_choose_wait_and_finish() -> None:

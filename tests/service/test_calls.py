@@ -49,6 +49,16 @@ def posted(products: StandIns, product: str, path: str) -> list[dict[str, Any]]:
     return [r for r in products.requests(product, "POST", path) if r["path"] == path]
 
 
+def message_at(products: StandIns, message_id: str) -> str:
+    """The id of the message Messaging holds as ``message_id`` (the test fails if none)."""
+    message = httpx.get(
+        products.url("messaging") + f"/v1/messages/{message_id}",
+        headers={"Authorization": f"Bearer {STANDIN_TOKEN}"},
+    )
+    assert message.status_code == 200, message.text
+    return str(message.json()["id"])
+
+
 def test_a_product_down_for_5_s_then_back(dsn: str, tmp_path: Path) -> None:
     config, port = bound_to_one(tmp_path, dsn, "notify", "notices", "messaging")
     with running(config, tmp_path / "service.log") as service:
@@ -103,12 +113,7 @@ def test_a_lost_response_holds_the_run_and_reconcile_completes_it(
     assert products.ledger("messaging")["applied"] == {posts[0]["key"]: 1}
     # The step completed with the receipt of the message Messaging accepted.
     output = service.status(run)["output"]
-    message = httpx.get(
-        products.url("messaging") + f"/v1/messages/{output['messageId']}",
-        headers={"Authorization": f"Bearer {STANDIN_TOKEN}"},
-    )
-    assert message.status_code == 200, message.text
-    assert output == {"messageId": message.json()["id"]}
+    assert output == {"messageId": message_at(products, output["messageId"])}
     reconciled = next(e for e in events(dsn, run) if e["kind"] == "reconciled")
     assert reconciled["actor"] == "local-developer"
     assert reconciled["detail"]["reason"] == "ticket OPS-12: the product was slow"
@@ -186,11 +191,7 @@ def test_a_refused_resend_after_a_lost_answer_holds_and_reconcile_finds_the_firs
     assert len(posts) == 2 and posts[1]["status"] == 422  # the first hangs, having applied
     assert products.ledger("messaging")["applied"] == {posts[0]["key"]: 1}
     output = service.status(run)["output"]
-    message = httpx.get(
-        products.url("messaging") + f"/v1/messages/{output['messageId']}",
-        headers={"Authorization": f"Bearer {STANDIN_TOKEN}"},
-    )
-    assert message.status_code == 200, message.text
+    assert output == {"messageId": message_at(products, output["messageId"])}
 
 
 def test_sigkill_while_a_mutation_is_in_flight_holds_it_on_restart(

@@ -104,21 +104,23 @@ def test_an_action_the_registry_does_not_offer_or_an_input_it_does_not_take_send
     assert paths == ["/v1/registry", "/v1/registry"]  # no condition read, nothing invoked
 
 
+#: The action applies, and its answer never comes back (only the action: not the reads
+#: of its metadata and target conditions before it).
+ACTION_ANSWER_LOST = {
+    "match": "POST /v1/actions/mark-reviewed$",
+    "mode": "hang-after-apply",
+    "seconds": 30,
+    "times": 1,
+}
+
+
 def test_a_lost_action_answer_is_had_from_the_identical_request_under_its_key(
     dsn: str, services: Services
 ) -> None:
     """BReg replays the original answer to the same key and body: the run asks by sending
     the sealed command again, and BReg applied it once."""
     service, products = services.deploy(["act"], {"registry": ("breg", QUICK)})
-    products.faults(
-        "breg",
-        {
-            "match": "POST /v1/actions/mark-reviewed$",
-            "mode": "hang-after-apply",
-            "seconds": 30,
-            "times": 1,
-        },
-    )
+    products.faults("breg", ACTION_ANSWER_LOST)
     run = service.start_run("act", {"recordId": RECORD})
     wait_state(dsn, run, RunState.FINISHED)
     invoked = sent(products.ledger("breg")["requests"], "POST", "/v1/actions/mark-reviewed")
@@ -141,15 +143,7 @@ def test_a_prepared_action_is_not_sent_again_once_its_contract_moved(
     metadata again before the frozen command would go, and holds the run instead."""
     asks_nothing = {**QUICK, "verification": {"attempts": 0}}
     service, products = services.deploy(["act"], {"registry": ("breg", asks_nothing)})
-    products.faults(
-        "breg",
-        {
-            "match": "POST /v1/actions/mark-reviewed$",
-            "mode": "hang-after-apply",
-            "seconds": 30,
-            "times": 1,
-        },
-    )
+    products.faults("breg", ACTION_ANSWER_LOST)
     run = service.start_run("act", {"recordId": RECORD})
     wait_state(dsn, run, RunState.HELD)
     assert run_state(dsn, run)["hold_code"] == HoldCode.OUTCOME_UNKNOWN

@@ -17,12 +17,13 @@ field of the configuration it is about.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from registry_coordinator.authoring.artifact import load, load_file
 from registry_coordinator.authoring.canonical import digest_of
-from registry_coordinator.authoring.catalog import Parameter, builtin_catalog
+from registry_coordinator.authoring.catalog import Operation, Parameter, builtin_catalog
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Diagnostic, Refused
 from registry_coordinator.authoring.workflow import Call, WaitFor
@@ -157,18 +158,15 @@ class Workflows:
         wanted: dict[str, dict[str, Parameter]] = {}
         for pin in self.pinned:
             definition = pin.definition
-            for step_id, operation in definition.operations.items():
-                step = definition.step(step_id)
-                assert isinstance(step, Call)
-                if _bound_as(connections, step.connection, operation.product):
-                    for parameter in operation.bound:
-                        wanted.setdefault(step.connection, {})[parameter.name] = parameter
+            for _, call, operation, _ in self._bound_calls(connections, pin):
+                for parameter in operation.bound:
+                    wanted.setdefault(call.connection, {})[parameter.name] = parameter
             for step_id, result in definition.results.items():
-                step = definition.step(step_id)
-                assert isinstance(step, WaitFor)
-                if _bound_as(connections, step.connection, result.product):
+                wait = definition.step(step_id)
+                assert isinstance(wait, WaitFor)
+                if _bound_as(connections, wait.connection, result.product):
                     for parameter in result.fetch.bound:
-                        wanted.setdefault(step.connection, {})[parameter.name] = parameter
+                        wanted.setdefault(wait.connection, {})[parameter.name] = parameter
         catalog = builtin_catalog()
         for name, connection in connections.items():
             at = (*connection.path, "parameters")
@@ -219,12 +217,7 @@ class Workflows:
         a task grant (a BReg action) needs a connection without."""
         for pin in self.pinned:
             definition = pin.definition
-            for step_id, operation in definition.operations.items():
-                step = definition.step(step_id)
-                assert isinstance(step, Call)
-                connection = connections.get(step.connection)
-                if connection is None or connection.product != operation.product:
-                    continue  # reported as unbound, or as bound to another product kind
+            for _, step, operation, connection in self._bound_calls(connections, pin):
                 identity = connection.identity
                 authority = getattr(identity, "task_authority", None) is not None
                 name = f"{operation.product}/{operation.name}"
@@ -255,11 +248,8 @@ class Workflows:
         rather than as each run reaches it (``external-invalid-command``)."""
         for pin in self.pinned:
             definition = pin.definition
-            for step_id, operation in definition.operations.items():
-                step = definition.step(step_id)
-                assert isinstance(step, Call)
-                connection = connections.get(step.connection)
-                reviewed = connection.external if connection is not None else None
+            for step_id, step, operation, connection in self._bound_calls(connections, pin):
+                reviewed = connection.external
                 if not operation.external or reviewed is None or not isinstance(step.input, dict):
                     continue
                 path, query = step.input.get("path"), step.input.get("query")
@@ -281,8 +271,22 @@ class Workflows:
                         f"{step.connection}, which its review does not list",
                         f"add it to connections.{step.connection}.{field} once it is "
                         "reviewed, or change the step",
-                        (*connection.path, field) if connection is not None else ("connections",),
+                        (*connection.path, field),
                     )
+
+    @staticmethod
+    def _bound_calls(
+        connections: dict[str, ConnectionConfig], pin: Pinned
+    ) -> Iterator[tuple[str, Call, Operation, ConnectionConfig]]:
+        """A pinned workflow's call steps, each with its operation and the connection it is
+        bound to — only those bound to the operation's product kind: one that is not, or is
+        not configured, is reported as such, and what the operation needs of it is not."""
+        definition = pin.definition
+        for step_id, operation in definition.operations.items():
+            step = definition.step(step_id)
+            assert isinstance(step, Call)
+            if _bound_as(connections, step.connection, operation.product):
+                yield step_id, step, operation, connections[step.connection]
 
     async def store(self, db: Database) -> None:
         for pin in self.pinned:
