@@ -291,6 +291,11 @@ def review_result(status: str, request_id: str = "rv-1") -> dict[str, Any]:
     }
 
 
+#: A Casework connection whose feed and slow poll stay quiet through a test (ten minutes):
+#: only what the test delivers wakes its runs.
+QUIET = {"feedPoll": "PT10M", "resultPoll": "PT10M"}
+
+
 def completion_request(
     request_id: str,
     connection: str = "reviews",
@@ -636,6 +641,14 @@ class StandIns:
     def faults(self, product: str, *rules: dict[str, Any]) -> None:
         response = httpx.post(self.url(product) + "/_control/faults", json=list(rules), timeout=5)
         assert response.status_code == 200
+
+    def feed_read(self) -> None:
+        """Until the service has read Casework's feed once (its first pass, at startup):
+        whatever is decided after this is on the feed only for the next pass."""
+        until(
+            lambda: self.requests("casework", "GET", "/v1/review-results"),
+            "the service's first read of Casework's feed",
+        )
 
     def decided_reviews(self, count: int, kind: str) -> list[str]:
         """Make ``count`` review requests at Casework and have staff approve each; their

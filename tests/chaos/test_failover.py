@@ -55,7 +55,16 @@ from tests.chaos.test_chaos import (
     wait_answered,
     wait_ready,
 )
-from tests.harness import Cluster, Service, Services, StandIns, put_to_sleep, wait_for, wait_state
+from tests.harness import (
+    QUIET,
+    Cluster,
+    Service,
+    Services,
+    StandIns,
+    put_to_sleep,
+    wait_for,
+    wait_state,
+)
 
 #: The service's pool (write_config's poolSize: workers + 3) and its listener's session.
 POOL = 4 + 3
@@ -71,12 +80,14 @@ def test_service_rides_through_a_restart_a_crash_and_cut_sessions(
     cluster: Cluster, dsn: str, services: Services
 ) -> None:
     connections: dict[str, tuple[str, dict[str, Any]]] = {
-        "reviews": ("casework", ASKING),
+        "reviews": ("casework", {**ASKING, **QUIET}),
         "notices": ("messaging", ASKING),
     }
     # The lease (10 s) outlasts each outage, so no claim on a call in flight lapses; the
     # sweep (10 min) outlasts the test, so only a notification wakes a run another
     # process made due while this one's workers are idle (woken_by_another_process).
+    # Casework's feed, which lists the reviews decided below, is read at the start and
+    # then only after ten minutes, so it wakes none of the runs waiting for them.
     service, products = services.deploy(
         ["two-mutations", "await-review", "timed-choice"],
         connections,
@@ -84,6 +95,7 @@ def test_service_rides_through_a_restart_a_crash_and_cut_sessions(
         lease="PT10S",
         sweep="PT10M",
     )
+    products.feed_read()
     reviews = products.decided_reviews(3, "application-review")
     waiting = {key: service.start_run("await-review", {"requestId": key}) for key in reviews}
     wait_for(dsn, "SELECT count(*) FROM waits", len(reviews))

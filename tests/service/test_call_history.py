@@ -18,6 +18,7 @@ from registry_coordinator.http.console import wording
 from registry_coordinator.semantics.codes import RunState
 from tests.harness import (
     HANG_ONCE,
+    QUIET,
     Service,
     Services,
     StandIns,
@@ -28,7 +29,7 @@ from tests.harness import (
     wait_for,
     wait_state,
 )
-from tests.service.test_results import QUIET, feed_read, new_review
+from tests.service.test_results import new_review
 
 
 def kinds(history: list[dict[str, Any]]) -> list[str]:
@@ -141,7 +142,7 @@ def test_a_result_found_by_polling_records_each_change_of_answer_then_the_read(
     service, products = services.deploy(
         ["await-review"], {"reviews": ("casework", {**QUIET, "resultPoll": "PT1S"})}
     )
-    feed_read(products)  # the decision is on the feed for its next read only, in 10 min
+    products.feed_read()  # the decision is on the feed for its next read only, in 10 min
     key = products.decided_reviews(1, "application-review")[0]
     result = "GET /v1/review-requests/"
     pending = {"match": result, "mode": "answer", "status": 202, "body": ""}

@@ -8,8 +8,8 @@ from collections import Counter
 
 from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import RunState
-from tests.harness import HANG_ONCE, Services, decide, wait_state
-from tests.service.test_results import QUIET, feed_read, new_review, push
+from tests.harness import HANG_ONCE, QUIET, Services, decide, wait_state
+from tests.service.test_results import new_review, push
 from tests.service.test_surface import metrics
 
 
@@ -44,7 +44,7 @@ def test_reads_lookups_the_longest_hold_and_pool_sizes_are_on_metrics(
     # A result found by polling: decided before its run waits (after the feed's first
     # read, so that only the run's polls find it), and not ready twice first: Casework
     # busy, then the result still pending.
-    feed_read(products)
+    products.feed_read()
     decided = products.decided_reviews(1, "application-review")[0]
     result = "GET /v1/review-requests/"
     products.faults(

@@ -22,6 +22,7 @@ import pytest
 from registry_coordinator.engine.database import QUERIES, sync_connection
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER
 from tests.harness import (
+    QUIET,
     STANDIN_TOKEN,
     WEBHOOK_SECRET,
     Service,
@@ -39,7 +40,6 @@ from tests.service.test_surface import metrics
 
 AUTH = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
 #: Casework's feed and the slow poll, neither of them read while a case runs.
-QUIET = {"feedPoll": "PT10M", "resultPoll": "PT10M"}
 
 
 def reviews(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -58,15 +58,6 @@ def pushing(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 def new_review(products: StandIns) -> str:
     """A review request at the stand-in Casework, not decided yet."""
     return products.review()
-
-
-def feed_read(products: StandIns) -> None:
-    """Until the service has read Casework's feed once (its first pass, at startup):
-    whatever is decided after this is on the feed only for the next pass."""
-    until(
-        lambda: products.requests("casework", "GET", "/v1/review-results"),
-        "the service's first read of Casework's feed",
-    )
 
 
 def deliver(
@@ -192,7 +183,7 @@ def test_duplicate_reordered_early_and_late_completions_resume_each_run_once(
     more than once; events for one review may come in any order, before its run waits,
     or after it finished. Each is kept once by its event id, and each run resumes once."""
     service, products = services.deploy(["await-review"], pushing())
-    feed_read(products)
+    products.feed_read()
     # Five identical completions for one waiting run.
     first = new_review(products)
     run_a = service.start_run("await-review", {"requestId": first})
@@ -390,7 +381,7 @@ def test_without_a_push_or_a_feed_read_the_poll_completes_the_run(
     service, products = services.deploy(
         ["await-review"], {"reviews": ("casework", {**QUIET, "resultPoll": "PT1S"})}
     )
-    feed_read(products)
+    products.feed_read()
     key = new_review(products)
     run = service.start_run("await-review", {"requestId": key})
     wait_state(dsn, run, "waiting")

@@ -37,6 +37,7 @@ from registry_coordinator.engine.workflows import load_service
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Send, on_due
 from tests.harness import (
+    QUIET,
     Services,
     admit,
     database,
@@ -46,7 +47,7 @@ from tests.harness import (
     run_state,
     wait_state,
 )
-from tests.service.test_results import QUIET, new_review
+from tests.service.test_results import new_review
 
 #: Seconds after which a test waiting for the service is failed as hung, not timed.
 HANG = 60
