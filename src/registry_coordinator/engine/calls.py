@@ -136,19 +136,29 @@ class Product:
         self.queued = 0  # calls and result reads waiting for a slot or in flight
         self.latency = 0.1  # seconds: a moving average of the product's answers
         request = config.request_timeout.total_seconds()
+        limits = httpx.Limits(
+            max_connections=config.pool_size,
+            max_keepalive_connections=config.pool_size,
+            # Shorter than servers' usual keep-alive, so a pooled connection is not
+            # reused just as the server closes it (an ambiguous failure for a mutation).
+            keepalive_expiry=2.0,
+        )
+        transport = None
+        if config.external is not None:
+            # An external read connects only where its host resolves now and may go
+            # (engine.destinations), and never through a proxy. httpx takes no network
+            # backend for the pool it builds, so the pinned one is set on that pool
+            # (tests/engine/test_destinations.py fails should a newer httpx not use it).
+            transport = httpx.AsyncHTTPTransport(limits=limits)
+            transport._pool._network_backend = destinations.Pinned()
         self.client = httpx.AsyncClient(
+            transport=transport,
+            limits=limits,
             timeout=httpx.Timeout(
                 connect=config.connect_timeout.total_seconds(),
                 read=request,
                 write=request,
                 pool=None,
-            ),
-            limits=httpx.Limits(
-                max_connections=config.pool_size,
-                max_keepalive_connections=config.pool_size,
-                # Shorter than servers' usual keep-alive, so a pooled connection is not
-                # reused just as the server closes it (an ambiguous failure for a mutation).
-                keepalive_expiry=2.0,
             ),
             follow_redirects=False,
             headers={

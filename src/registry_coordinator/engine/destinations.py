@@ -9,17 +9,22 @@ cloud metadata address outside those ranges, refuses the read
 (``external-destination-refused``); a name that does not resolve leaves the read not
 sent, to be tried again.
 
-Known gap: httpx resolves the name again when it connects, so a name whose answers
-change between the two resolutions (DNS rebinding by the reviewed host's own DNS) is
-not caught; the Rust coordinator pins the connection to the validated addresses.
+The connection itself is pinned (:class:`Pinned`, the network backend of an external
+connection's client): it resolves the name once more, judges those addresses, and
+connects to one of exactly them — so a name whose answers changed since the first look
+(DNS rebinding) can never take the read elsewhere. A refusal there leaves the read not
+sent; its next attempt's first look refuses it for good.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import trio
 
 #: Cloud metadata services answering outside the link-local ranges.
@@ -44,6 +49,58 @@ def forbidden(address: Address) -> bool:
     return address.is_link_local or address in METADATA
 
 
+async def resolve(host: str, port: int) -> list[Address]:
+    """The addresses ``host`` resolves to now (the host itself when it is an address)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    found = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found]
+
+
+class Refused(httpcore.ConnectError):
+    """A connection the pinned backend would not open: its host resolved where no
+    external read may go."""
+
+
+class Pinned(httpcore.AsyncNetworkBackend):
+    """Trio's network backend, connecting only to addresses it has just judged."""
+
+    def __init__(self, resolver: Callable[[str, int], Awaitable[list[Address]]] | None = None):
+        self._inner = httpcore.TrioBackend()
+        self._resolve = resolver or resolve
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        try:
+            addresses = await self._resolve(host, port)
+        except OSError as exc:
+            raise httpcore.ConnectError(f"{host} did not resolve: {exc}") from None
+        denied = sorted({str(a) for a in addresses if forbidden(a)})
+        if denied or not addresses:
+            raise Refused(f"{host} resolves to {', '.join(denied) or 'nothing'}")
+        last: httpcore.ConnectError | None = None
+        for address in addresses:  # TLS still names the host: only the address is pinned
+            try:
+                return await self._inner.connect_tcp(
+                    str(address), port, timeout, local_address, socket_options
+                )
+            except httpcore.ConnectError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
 async def refusal(url: str) -> str | None:
     """Why a read of ``url`` may not be sent (None when it may); :class:`Unresolved` when
     its host does not resolve now."""
@@ -51,13 +108,9 @@ async def refusal(url: str) -> str | None:
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        addresses: list[Address] = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            found = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise Unresolved(f"{host} did not resolve: {exc}") from None
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found]
+        addresses = await resolve(host, port)
+    except OSError as exc:
+        raise Unresolved(f"{host} did not resolve: {exc}") from None
     denied = sorted({str(a) for a in addresses if forbidden(a)})
     if denied:
         return f"{host} resolves to {', '.join(denied)}, where no external read may go"
