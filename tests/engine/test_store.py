@@ -23,7 +23,7 @@ from registry_coordinator.semantics.steps import (
     on_due,
     settle,
 )
-from tests.harness import TEST_WORKFLOWS, breg_record, database, events
+from tests.harness import TEST_WORKFLOWS, admit, breg_record, database, events
 
 LEASE = timedelta(seconds=30)
 
@@ -140,3 +140,40 @@ async def test_a_run_state_is_sent_as_its_text(dsn: str) -> None:
     with sync_connection(dsn) as conn:
         row = conn.execute("SELECT %s AS sent, state FROM runs", (RunState.WAITING,)).fetchone()
     assert row == {"sent": "waiting", "state": "waiting"}
+
+
+@pytest.mark.parametrize(
+    ("earlier", "uncertain"),
+    [
+        ([("not-sent", None)], False),
+        ([("response", 503), ("response", 429)], False),
+        ([("response", 401)], False),  # the product refused Coordinator's identity: no effect
+        ([("response", 403), ("not-sent", None)], False),
+        ([("lost", None)], True),
+        ([("interrupted", None)], True),
+        ([("response", 500)], True),
+        ([("response", 408)], True),
+        ([(None, None)], True),  # dispatched, and its holder died before any outcome
+        ([("response", 503), ("lost", None), ("response", 403)], True),
+    ],
+)
+@pytest.mark.trio
+async def test_a_call_is_uncertain_once_any_sending_of_it_may_have_acted(
+    dsn: str, earlier: list[tuple[str | None, int | None]], uncertain: bool
+) -> None:
+    """What the sealed request says of its earlier sendings, on which a refusal of the next
+    one fails the run (none may have acted) or holds it (one may stand)."""
+    async with database(dsn) as db:
+        _, run_id = await admit(db, "notify", {"email": "a@example.org"})
+    with sync_connection(dsn) as conn:
+        for attempt, (outcome, status) in enumerate(earlier, start=1):
+            conn.execute(
+                "INSERT INTO executions (run_id, step, attempt, method, url, body, "
+                "idempotency_key, sealed_at, dispatched_at, status, outcome) "
+                "VALUES (%s, 'send', %s, 'POST', 'http://m/v1/messages', '{}', 'k', now(), "
+                "now(), %s, %s)",
+                (run_id, attempt, status, outcome),
+            )
+    async with database(dsn) as db:
+        sealed = await store.sealed_at(db, run_id, "send")
+    assert sealed is not None and sealed.uncertain is uncertain

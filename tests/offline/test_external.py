@@ -105,7 +105,7 @@ def test_a_query_value_is_sent_as_data_under_the_reviewed_path() -> None:
 @pytest.mark.parametrize(
     ("target", "why"),
     [
-        ("/districts", "path 'districts' is not one of the connection's paths"),
+        ("/districts", "the path read is none of the connection's paths: offices"),
         ("/offices?token=secret-canary", "query parameter 'token' is not one the connection"),
         ("/offices?district=a&district=b" + "&district=c" * 15, "at most 16 query parameters"),
         ("/offices?district=" + "x" * 1025, "query parameter 'district' has a value no reviewed"),

@@ -82,7 +82,7 @@ def test_a_slow_answer_is_read_again_once_the_attempt_runs_out(
 ) -> None:
     """The attempt is bounded by the connection's requestTimeout (a second here): a
     directory that answers later than that is read again, and the run goes on once it
-    answers in time."""
+    answers in time (a loaded machine may take more than one more attempt)."""
     service, products = directory
     products.faults(
         "external-http", {"match": "GET /directory", "mode": "delay", "seconds": 3, "times": 1}
@@ -90,10 +90,10 @@ def test_a_slow_answer_is_read_again_once_the_attempt_runs_out(
     run = service.start_run("external-read", {"district": "south"})
     wait_state(dsn, run, "finished")
     assert service.status(run)["output"] == {"offices": [{"id": "office-south-1"}]}
-    assert len(reads(products)) == 2
-    outcomes = [e["kind"] for e in service.history(run) if e["step"] == "read"]
-    assert outcomes.count("call-dispatched") == 2
-    assert "call-lost" in outcomes
+    calls = [e["kind"] for e in service.history(run) if e["kind"].startswith("call-")]
+    assert calls[:2] == ["call-dispatched", "call-lost"]  # the slow answer was not waited for
+    assert calls.count("call-dispatched") == len(reads(products)) >= 2
+    assert calls[-2:] == ["call-dispatched", "call-answered"]
 
 
 def test_a_read_with_an_identity_presents_its_own_token(dsn: str, services: Services) -> None:

@@ -367,7 +367,12 @@ async def _external_refusal(product: Product, request: Request, url: str) -> Fai
     # the review may have changed since (its base URL included).
     base = product.config.base_url
     within = url.startswith(base + "/")
-    why = reviewed.refusal(url.removeprefix(base)) if within else f"{url} is not under {base}"
+    # The detail names no query value: a run's failure is logged, and values may be personal.
+    why = (
+        reviewed.refusal(url.removeprefix(base))
+        if within
+        else f"the read was sealed for another base URL than the connection's, {base}"
+    )
     if why is not None:
         return Failed(FailureCode.EXTERNAL_INVALID_COMMAND, why)
     try:

@@ -74,7 +74,10 @@ class Reviewed:
         path, _, query = sealed_target.partition("?")
         path = path.removeprefix("/")
         if path not in self.paths:
-            return f"path {path!r} is not one of the connection's paths"
+            # The path read may be computed from a run's data: it is not repeated here.
+            return "the path read is none of the connection's paths: " + ", ".join(
+                sorted(self.paths)
+            )
         pairs = parse_qsl(query, keep_blank_values=True)
         if len(pairs) > MOST:
             return f"at most {MOST} query parameters may be sent"

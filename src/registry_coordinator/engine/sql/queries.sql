@@ -423,13 +423,13 @@ WHERE lease_token = ANY(%(tokens)s::uuid[]);
 --
 -- `uncertain`: whether a sending of it so far may have reached the product without an
 -- answer that says what became of it (lost, interrupted, or answered with anything but
--- 429 or 503, which say the product did not act): a refusal of the next sending is then
--- no evidence that the command never took effect.
+-- 401, 403, 429 or 503, which say the product did not act on it): a refusal of the next
+-- sending is then no evidence that the command never took effect.
 SELECT method, url, body, idempotency_key, headers, prepared,
        EXISTS (SELECT 1 FROM executions e
                WHERE e.run_id = %(id)s AND e.step = %(step)s AND e.dispatched_at IS NOT NULL
                  AND e.outcome IS DISTINCT FROM 'not-sent'
-                 AND e.status IS DISTINCT FROM 429 AND e.status IS DISTINCT FROM 503)
+                 AND (e.status IS NULL OR e.status NOT IN (401, 403, 429, 503)))
            AS uncertain
 FROM executions
 WHERE run_id = %(id)s AND step = %(step)s
