@@ -10,7 +10,7 @@ both), through:
 - the same from Trio through trio-asyncio: the service's client before 2026-12-01;
 - the blocking API from Trio through ``trio.to_thread.run_sync`` (a cached thread per call);
 - the service's own client, :class:`Database`: psycopg's connection with its waiting done
-  by Trio (see engine/database.py);
+  by Trio (see store/database.py);
 - the service's client again with 4 tasks on 4 connections at once, as the workers use it.
 
 (A thread per connection fed by a queue, the service's client for a day, measured
@@ -32,7 +32,7 @@ import psycopg.waiting
 import trio
 import trio_asyncio
 
-from registry_coordinator.engine.database import Database, named
+from registry_coordinator.store.database import Database, named
 
 # trio_asyncio replaces asyncio's running-loop lookup so asyncio code finds the loop it
 # runs inside Trio; psycopg.waiting took its own reference to the original when it was

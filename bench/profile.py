@@ -26,8 +26,8 @@ PARTS = {
     "admission (http/admission.py)": ("(registry_coordinator/http/admission.py",),
     "JSON Schema": ("(jsonschema",),
     # psycopg's asyncio callbacks ran in trio-asyncio's own task, off database.py's stacks.
-    "the database client (engine/database.py, psycopg, trio-asyncio, asyncio)": (
-        "(registry_coordinator/engine/database.py",
+    "the database client (store/database.py, psycopg, trio-asyncio, asyncio)": (
+        "(registry_coordinator/store/database.py",
         "(psycopg/",
         "(trio_asyncio/",
         "(asyncio/",
@@ -36,7 +36,7 @@ PARTS = {
     "httpx and httpcore": ("(httpx/", "(httpcore/"),
     "the step semantics (semantics/)": ("(registry_coordinator/semantics/",),
     "expressions (authoring/expressions.py)": ("(registry_coordinator/authoring/expressions.py",),
-    "tracing (engine/tracing.py)": ("(registry_coordinator/engine/tracing.py",),
+    "tracing (observability/tracing.py)": ("(registry_coordinator/observability/tracing.py",),
     "metrics (prometheus_client)": ("(prometheus_client/",),
 }
 

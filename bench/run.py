@@ -61,8 +61,8 @@ from tests.harness import (  # noqa: E402
     write_config,
 )
 
-from registry_coordinator.engine.config import load_config  # noqa: E402
-from registry_coordinator.engine.database import QUERIES, sync_connection  # noqa: E402
+from registry_coordinator.config import load_config  # noqa: E402
+from registry_coordinator.store.database import QUERIES, sync_connection  # noqa: E402
 
 PGBENCH = PG_BIN / "pgbench"
 

@@ -62,7 +62,7 @@ from bench.profile import Profile, summary
 from bench.run import service, wait_ended, wait_ready
 from tests.harness import Cluster, connection, free_port
 
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.store.database import sync_connection
 
 PEER = Path(__file__).with_name("peer.py")
 CALLS = ("reads", "mutations", "keys", "repeated", "refused")

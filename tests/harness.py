@@ -38,16 +38,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.artifact import write as write_artifact
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.config import load_config
 from registry_coordinator.devtools import reviewer
-from registry_coordinator.engine import store
-from registry_coordinator.engine.config import load_config
-from registry_coordinator.engine.database import Database, sync_connection
-from registry_coordinator.engine.embedded import EmbeddedPostgres
-from registry_coordinator.engine.migrations import migrate as migrate_schema
 from registry_coordinator.http.auth import (
     DEVELOPMENT_AUDIENCE,
     DEVELOPMENT_ISSUER,
@@ -57,6 +54,9 @@ from registry_coordinator.http.auth import (
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER, sign
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind
+from registry_coordinator.store.database import Database, sync_connection
+from registry_coordinator.store.embedded import EmbeddedPostgres
+from registry_coordinator.store.migrations import migrate as migrate_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 Found = TypeVar("Found")

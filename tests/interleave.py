@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from registry_coordinator.engine.database import Connection, Database, Row, Unavailable
+from registry_coordinator.store.database import Connection, Database, Row, Unavailable
 
 T = TypeVar("T")
 

@@ -563,9 +563,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from registry_coordinator.engine.config import load_config
-    from registry_coordinator.engine.migrations import check_server, migrate
+    from registry_coordinator.config import load_config
     from registry_coordinator.service import open_database_unchecked
+    from registry_coordinator.store.migrations import check_server, migrate
 
     _logging()
     config = load_config(args.config)
@@ -635,9 +635,9 @@ def _public_key_file(path: Path) -> Any:
 def _audit_verify(args: argparse.Namespace) -> int:
     """One line for each history or checkpoint that does not hold (exit 1), or the
     counts of what was checked (exit 0); with ``--bundle``, what the bundle proves."""
+    from registry_coordinator.audit import histories
     from registry_coordinator.authoring.expressions import parse_instant
-    from registry_coordinator.engine import audit
-    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.config import load_config
     from registry_coordinator.semantics import bundles
 
     if args.bundle is not None:
@@ -695,10 +695,12 @@ def _audit_verify(args: argparse.Namespace) -> int:
         if key is None:
             raise _AuditUsage("audit verify --checkpoint needs the public key: --public-key FILE")
         kept = _kept_checkpoint(args.checkpoint, key)
-    found: list[audit.Verified] = []
+    found: list[histories.Verified] = []
 
     async def work(db: Any) -> None:
-        found.append(await audit.verify(db, args.run, since, key, kept, config.retention.directory))
+        found.append(
+            await histories.verify(db, args.run, since, key, kept, config.retention.directory)
+        )
 
     _audit_database(config, work)
     [verified] = found
@@ -755,15 +757,15 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def _audit_export(args: argparse.Namespace) -> int:
-    from registry_coordinator.engine import audit
-    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.audit import histories
+    from registry_coordinator.config import load_config
 
     config = load_config(args.config)
     key = _audit_key(config, "export")
     written: list[bytes] = []
 
     async def work(db: Any) -> None:
-        written.append(await audit.export(db, args.run, key))
+        written.append(await histories.export(db, args.run, key))
 
     _audit_database(config, work)
     _write_atomically(args.out, written[0])
@@ -772,8 +774,8 @@ def _audit_export(args: argparse.Namespace) -> int:
 
 
 def _audit_checkpoint(args: argparse.Namespace) -> int:
-    from registry_coordinator.engine.checkpoints import checkpoint, stored
-    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.audit.checkpointer import checkpoint, stored
+    from registry_coordinator.config import load_config
     from registry_coordinator.semantics.chain import canonical
 
     config = load_config(args.config)
@@ -825,7 +827,7 @@ def _audit_keygen(args: argparse.Namespace) -> int:
 
 
 def _audit_public_key(args: argparse.Namespace) -> int:
-    from registry_coordinator.engine.config import load_config
+    from registry_coordinator.config import load_config
     from registry_coordinator.semantics.checkpoints import public_pem
 
     key = _audit_key(load_config(args.config), "public-key")
@@ -894,7 +896,7 @@ def _lifetime_cap(config_file: Path | None) -> tuple[timedelta, str]:
     The file is read with the service's own loader (its secrets resolved too), so one
     that ``serve`` would refuse is reported here rather than trusted for its cap.
     """
-    from registry_coordinator.engine.config import DEFAULT_MAX_LIFETIME, load_config
+    from registry_coordinator.config import DEFAULT_MAX_LIFETIME, load_config
 
     if config_file is None:
         return DEFAULT_MAX_LIFETIME, "the default auth.maxLifetime; no --config given"
@@ -1037,7 +1039,7 @@ def _run_service(main: Callable[[], Awaitable[None]]) -> int:
 
 
 def _logging(process: int | None = None) -> None:
-    from registry_coordinator.engine.logs import configure
+    from registry_coordinator.observability.logs import configure
 
     configure(process)
 

@@ -23,17 +23,17 @@ import httpx
 import trio
 
 from registry_coordinator.addresses import PortInUse, require_free
+from registry_coordinator.config import Config
 from registry_coordinator.engine import destinations
 from registry_coordinator.engine.calls import open_products
-from registry_coordinator.engine.config import Config
-from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.identity import IdentityRefused, IdentityUnavailable
-from registry_coordinator.engine.migrations import check_server, known, pending
-from registry_coordinator.engine.tracing import OTLP_EXPORTER
 from registry_coordinator.engine.workflows import read_service
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import KeySet
+from registry_coordinator.observability.tracing import OTLP_EXPORTER
 from registry_coordinator.service import open_database_unchecked
+from registry_coordinator.store.database import Database
+from registry_coordinator.store.migrations import check_server, known, pending
 
 
 @dataclass

@@ -30,7 +30,7 @@ What holds:
   holder ``host:port/k``: a restarted child ``k`` takes over at once the claims its
   predecessor left (``store.take_over``), and a dead child's other claims fall due to any
   child when their leases run out. Every write stays fenced by its claim's lease token.
-- Each child speaks the notify protocol (``engine.systemd``) to a datagram socket of its
+- Each child speaks the notify protocol (``observability.systemd``) to a datagram socket of its
   own here, in a directory only this user can reach. The supervisor is the one process
   that speaks to systemd: ``READY=1`` once every child has said it, ``WATCHDOG=1`` from
   its own loop, ``STOPPING=1`` when it stops. With a watchdog, a child that has not
@@ -64,10 +64,10 @@ from pathlib import Path
 import trio
 
 from registry_coordinator.addresses import bind
+from registry_coordinator.config import Config
 from registry_coordinator.engine.backoff import Backoff
-from registry_coordinator.engine.config import Config
-from registry_coordinator.engine.systemd import Notifier
 from registry_coordinator.errors import CoordinatorError, ExitCode
+from registry_coordinator.observability.systemd import Notifier
 from registry_coordinator.service import open_database
 
 log = logging.getLogger(__name__)

@@ -40,24 +40,27 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from registry_coordinator.engine import faults, feeds, store, tracing
+from registry_coordinator import store
+from registry_coordinator.audit.checkpointer import Checkpointer
+from registry_coordinator.audit.retention import Archiver
+from registry_coordinator.config import Config
+from registry_coordinator.engine import feeds
 from registry_coordinator.engine.calls import Product, open_products
-from registry_coordinator.engine.checkpoints import Checkpointer
-from registry_coordinator.engine.config import Config
-from registry_coordinator.engine.database import Database
-from registry_coordinator.engine.embedded import EmbeddedPostgres
 from registry_coordinator.engine.listener import Listener
-from registry_coordinator.engine.metrics import Metrics
-from registry_coordinator.engine.migrations import check_server, migrate, require_current
-from registry_coordinator.engine.retention import Archiver
 from registry_coordinator.engine.sleepers import Sleepers
-from registry_coordinator.engine.systemd import Notifier
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.worker import Engine
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.api import Context, create_app
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.console.issuer import Issuer
+from registry_coordinator.observability import tracing
+from registry_coordinator.observability.metrics import Metrics
+from registry_coordinator.observability.systemd import Notifier
+from registry_coordinator.store import faults
+from registry_coordinator.store.database import Database
+from registry_coordinator.store.embedded import EmbeddedPostgres
+from registry_coordinator.store.migrations import check_server, migrate, require_current
 
 log = logging.getLogger(__name__)
 

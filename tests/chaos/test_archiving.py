@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from registry_coordinator.engine.database import QUERIES, sync_connection
 from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Event, first_break, parse
 from registry_coordinator.semantics.checkpoints import public_key
+from registry_coordinator.store.database import QUERIES, sync_connection
 from tests.harness import Services, coordinator, signing, wait_for
 
 RUNS = 7

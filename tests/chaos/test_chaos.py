@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     PARAMETERS,
     STANDIN_TOKEN,

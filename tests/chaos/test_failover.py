@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.store.database import sync_connection
 from tests.chaos.test_chaos import (
     ASKING,
     CASEWORK_POOL,

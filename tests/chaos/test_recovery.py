@@ -16,8 +16,8 @@ import httpx
 import psycopg
 import pytest
 
-from registry_coordinator.engine.database import QUERIES, sync_connection
-from registry_coordinator.engine.store import Holder
+from registry_coordinator.store import Holder
+from registry_coordinator.store.database import QUERIES, sync_connection
 from tests.harness import (
     Cluster,
     Service,

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.canonical import canonical_bytes, digest_of
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.engine import store
-from registry_coordinator.engine.database import Database, Unavailable, sync_connection
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import BATCH, LANES, Timer
 from registry_coordinator.engine.workflows import Pinned, Workflows
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.steps import Sleep, on_due
+from registry_coordinator.store.database import Database, Unavailable, sync_connection
 from tests.harness import (
     TEST_WORKFLOWS,
     Services,

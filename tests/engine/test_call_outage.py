@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import sync_connection
 from tests.engine.test_call_tasks import (
     breg,
     breg_config,

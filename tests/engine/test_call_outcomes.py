@@ -7,10 +7,11 @@ from datetime import timedelta
 
 import pytest
 
-from registry_coordinator.engine import audit, store
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator import store
+from registry_coordinator.audit import histories
 from registry_coordinator.semantics.codes import HoldCode
 from registry_coordinator.semantics.steps import Send, on_due
+from registry_coordinator.store.database import sync_connection
 from tests.harness import admit, database, events
 
 LEASE = timedelta(seconds=30)
@@ -33,7 +34,7 @@ async def test_a_defect_while_a_call_was_out_reads_as_lost_then_held(dsn: str) -
         with sync_connection(dsn) as conn:
             conn.execute("UPDATE runs SET updated_at = updated_at + interval '1 hour'")
         since_hold = await store.held_longest(db)
-        verified = await audit.verify(db, run=run_id)
+        verified = await histories.verify(db, run=run_id)
     history = events(dsn, str(run_id))
     kinds = [e["kind"] for e in history]
     assert kinds == ["admitted", "call-dispatched", "call-lost", "held", "late-answer"]

@@ -17,22 +17,22 @@ import pytest
 import trio
 from trio import fail_after
 
+from registry_coordinator import store
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.config import Config, load_config
 from registry_coordinator.devtools.standins import Tokens
 from registry_coordinator.devtools.standins.breg import BReg
-from registry_coordinator.engine import store
 from registry_coordinator.engine.calls import Calls, Proceed, Sending, open_products
-from registry_coordinator.engine.config import Config, load_config
-from registry_coordinator.engine.database import Database, StatementFailed, sync_connection
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.sleepers import Sleepers
-from registry_coordinator.engine.statements import INTERRUPTED
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import operations
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Held, Request, Send, bind, on_due
+from registry_coordinator.store.database import Database, StatementFailed, sync_connection
+from registry_coordinator.store.statements import INTERRUPTED
 from tests.harness import (
     STANDIN_TOKEN,
     admit,

@@ -14,10 +14,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from registry_coordinator.engine import audit
-from registry_coordinator.engine.checkpoints import checkpoint
-from registry_coordinator.engine.database import Database, sync_connection
+from registry_coordinator.audit import histories
+from registry_coordinator.audit.checkpointer import checkpoint
 from registry_coordinator.semantics.chain import Event, canonical, event_hash, parse
+from registry_coordinator.store.database import Database, sync_connection
 from tests.harness import admit, database
 
 #: Any JSON an event's detail may hold: text with every kind of character PostgreSQL stores,
@@ -79,9 +79,9 @@ async def _histories(dsn: str) -> list[str]:
     return made
 
 
-async def _verify(dsn: str, run: uuid.UUID | None = None) -> audit.Verified:
+async def _verify(dsn: str, run: uuid.UUID | None = None) -> histories.Verified:
     async with database(dsn) as db:
-        return await audit.verify(db, run)
+        return await histories.verify(db, run)
 
 
 def _tamper(dsn: str, statement: str, *params: object) -> None:

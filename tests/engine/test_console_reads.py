@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.engine import console_reads, operator_actions, store
-from registry_coordinator.engine.database import Database
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Held, Request, Send, on_due, settle
+from registry_coordinator.store import console_reads, operator_actions
+from registry_coordinator.store.database import Database
 from tests.harness import TEST_WORKFLOWS, breg_record, database, reply
 
 LEASE = timedelta(seconds=30)

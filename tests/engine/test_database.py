@@ -17,7 +17,7 @@ import psycopg
 import pytest
 import trio
 
-from registry_coordinator.engine.database import Connection, Database, StatementFailed
+from registry_coordinator.store.database import Connection, Database, StatementFailed
 from tests.harness import database
 from tests.interleave import blocked_or_done
 

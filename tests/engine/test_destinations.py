@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import trio
 
+from registry_coordinator.config import EXTERNAL, ConnectionConfig
 from registry_coordinator.devtools.standins import Tokens
 from registry_coordinator.devtools.standins.directory import PREFIX, Directory
 from registry_coordinator.engine import destinations
 from registry_coordinator.engine.calls import open_products
-from registry_coordinator.engine.config import EXTERNAL, ConnectionConfig
 from registry_coordinator.semantics.external import Reviewed
 from registry_coordinator.semantics.steps import ReplyKind, Request
 from tests.harness import STANDIN_TOKEN, free_port

@@ -18,18 +18,18 @@ import httpx
 import pytest
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.authoring.catalog import builtin_catalog
+from registry_coordinator.config import load_config
 from registry_coordinator.devtools.standins import Tokens
 from registry_coordinator.devtools.standins.casework import Casework
-from registry_coordinator.engine import store
 from registry_coordinator.engine.calls import open_products
-from registry_coordinator.engine.config import load_config
-from registry_coordinator.engine.database import Database, Unavailable, sync_connection
 from registry_coordinator.engine.feeds import Follower
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.observability.metrics import Metrics
+from registry_coordinator.store.database import Database, Unavailable, sync_connection
 from tests.harness import (
     PARAMETERS,
     STAFF_TOKEN,

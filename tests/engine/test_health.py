@@ -1,4 +1,4 @@
-"""What the probes read from the database (``engine.health``): answers, and no answer in time."""
+"""What the probes read from the database (``observability.health``): answers, or none in time."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from registry_coordinator.engine import health
-from registry_coordinator.engine.database import Database
+from registry_coordinator.observability import health
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import Database
 from tests.harness import admit, database
 
 

@@ -10,10 +10,12 @@ from datetime import datetime, timedelta
 import pytest
 from psycopg import Connection
 
+from registry_coordinator import store
+from registry_coordinator.audit import histories
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.engine import audit, statements, store
-from registry_coordinator.engine.database import Database, Row, sync_connection
 from registry_coordinator.semantics.steps import Await, ReplyKind, on_due
+from registry_coordinator.store import statements
+from registry_coordinator.store.database import Database, Row, sync_connection
 from tests.harness import admit, database, events, reply
 
 LEASE = timedelta(seconds=30)
@@ -55,7 +57,7 @@ async def test_two_hundred_polls_with_three_answers_in_turn_leave_three_events(
         _, run_id = await waiting_run(db)
         with sync_connection(dsn) as test:
             instants = [await poll_once(db, test, answer) for answer in answers]
-        verified = await audit.verify(db, run=run_id)
+        verified = await histories.verify(db, run=run_id)
     history = events(dsn, str(run_id))
     assert [e["kind"] for e in history] == [
         "admitted",
@@ -104,7 +106,7 @@ async def test_a_delivery_while_the_poll_was_out_still_makes_the_run_due_at_once
         delivery = store.Delivery("reviews", "evt-1", "review-decision", "rev-9", None)
         assert await store.record_delivery(db, delivery) == (True, 1)
         due = await store.release_wait(db, run, POLL, statements.result_polled(URL, reply(404)))
-        verified = await audit.verify(db, run=run_id)
+        verified = await histories.verify(db, run=run_id)
     assert due < run.now() + POLL * 0.5  # due at once, to read what was delivered
     history = events(dsn, str(run_id))
     assert [(e["seq"], e["kind"]) for e in history[2:]] == [

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from registry_coordinator.engine.database import QUERIES, Connection, UnknownQuery, sync_connection
+from registry_coordinator.store.database import QUERIES, Connection, UnknownQuery, sync_connection
 from tests.harness import ROOT, database
 
 
@@ -33,7 +33,7 @@ def test_the_query_prepares(name: str, schema: str) -> None:
 
 
 def test_queries_are_named_uniquely() -> None:
-    text = (ROOT / "src" / "registry_coordinator" / "engine" / "sql" / "queries.sql").read_text()
+    text = (ROOT / "src" / "registry_coordinator" / "store" / "sql" / "queries.sql").read_text()
     declared = re.findall(r"^-- name: (\S+)", text, flags=re.MULTILINE)
     assert len(declared) == len(set(declared)) == len(QUERIES)
 

@@ -17,15 +17,15 @@ from functools import partial
 import pytest
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.engine import store
-from registry_coordinator.engine.claims import Claimed
-from registry_coordinator.engine.database import Database, Unavailable, sync_connection
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.steps import Await, Send, on_due, result_arrived, settle
+from registry_coordinator.store.claims import Claimed
+from registry_coordinator.store.database import Database, Unavailable, sync_connection
 from tests.harness import admit, breg_record, database, events, reply
 from tests.interleave import Failing, Paused, rival_while_paused, rival_while_uncommitted
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from registry_coordinator.engine import sessions
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.store import sessions
+from registry_coordinator.store.database import sync_connection
 from tests.harness import database
 
 LIFETIME = timedelta(minutes=10)

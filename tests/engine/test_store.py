@@ -8,11 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.engine import store
-from registry_coordinator.engine.database import Database, sync_connection
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import (
     Advance,
@@ -23,6 +22,7 @@ from registry_coordinator.semantics.steps import (
     on_due,
     settle,
 )
+from registry_coordinator.store.database import Database, sync_connection
 from tests.harness import TEST_WORKFLOWS, admit, breg_record, database, events
 
 LEASE = timedelta(seconds=30)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     Services,
     put_to_sleep,

@@ -14,10 +14,10 @@ from registry_coordinator import cli
 from registry_coordinator.authoring import reference
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.durations import format_duration
-from registry_coordinator.engine.config import DEFAULT_MAX_LIFETIME
-from registry_coordinator.engine.migrations import SchemaMismatch
+from registry_coordinator.config import DEFAULT_MAX_LIFETIME
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path
+from registry_coordinator.store.migrations import SchemaMismatch
 from tests.harness import CORPUS, ROOT, WORKFLOWS, coordinator, write_config
 
 

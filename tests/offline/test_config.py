@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.diagnostics import Refused
-from registry_coordinator.engine.config import ClientCredentials, TracingConfig, load_config
+from registry_coordinator.config import ClientCredentials, TracingConfig, load_config
 from registry_coordinator.engine.workflows import load_service
 from tests.harness import ROOT, coordinator, package, refused
 
@@ -157,9 +157,9 @@ def test_reading_the_configuration_loads_no_event_loop_nor_its_database_layer() 
     """``coordinator token --config`` reads the configuration and never connects: it must
     not pay for (nor depend on) trio and the service's database layer."""
     probe = (
-        "import sys, registry_coordinator.engine.config as c; "
+        "import sys, registry_coordinator.config as c; "
         "c.has_password('host=db user=app'); "
-        "print(sorted(m for m in ('trio', 'registry_coordinator.engine.database')"
+        "print(sorted(m for m in ('trio', 'registry_coordinator.store.database')"
         " if m in sys.modules))"
     )
     result = subprocess.run(

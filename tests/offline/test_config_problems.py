@@ -11,7 +11,7 @@ import pytest
 
 from registry_coordinator.authoring.diagnostics import Diagnostic, Position, Refused
 from registry_coordinator.authoring.source import load_yaml
-from registry_coordinator.engine.config import Problems, read_config
+from registry_coordinator.config import Problems, read_config
 from registry_coordinator.engine.workflows import load_service, read_service
 from tests.harness import coordinator, package
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from registry_coordinator.authoring.diagnostics import Refused
-from registry_coordinator.engine.config import TracingConfig, load_config
+from registry_coordinator.config import TracingConfig, load_config
 
 BASE = "database: {embedded: {dataDirectory: pg}}\nworkflows: []\nauth: {mode: none}\n"
 

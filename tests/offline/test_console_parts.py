@@ -14,7 +14,7 @@ import pytest
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.drawing import MARKS, dot
 from registry_coordinator.authoring.workflow import Workflow
-from registry_coordinator.engine.config import load_config
+from registry_coordinator.config import load_config
 from registry_coordinator.http.console import render, wording
 from registry_coordinator.http.console.issuer import challenge, random_token
 from registry_coordinator.http.runs import ACTIONS

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.config import read_config
 from registry_coordinator.engine import destinations
-from registry_coordinator.engine.config import read_config
 from registry_coordinator.semantics import external
 from registry_coordinator.semantics.codes import FailureCode
 from registry_coordinator.semantics.steps import (

@@ -3,7 +3,7 @@
 Every statement a request can cause is then found in the engine (``store``, ``health``,
 ``operator_actions``), beside the others that touch the same rows, and a handler never
 needs changing for a change of schema. Checked on the source, as ``test_layers`` checks
-imports: a call of a :class:`~registry_coordinator.engine.database.Database` or
+imports: a call of a :class:`~registry_coordinator.store.database.Database` or
 ``Connection`` method that runs SQL or holds a connection, by its name whatever the
 receiver (nothing else the layer uses has methods of these names), and any string in the
 layer that names a query of ``sql/queries.sql``.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from registry_coordinator.engine.database import QUERIES
+from registry_coordinator.store.database import QUERIES
 from tests.harness import ROOT
 
 HTTP = ROOT / "src" / "registry_coordinator" / "http"

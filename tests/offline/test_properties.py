@@ -32,8 +32,8 @@ from registry_coordinator.authoring.expressions import (
     variables,
 )
 from registry_coordinator.authoring.source import SourceMap, load_yaml
-from registry_coordinator.engine.store import wait_due
 from registry_coordinator.semantics.steps import BACKOFF_CAP, backoff
+from registry_coordinator.store import wait_due
 from tests.harness import WORKFLOWS
 
 JSON = Any

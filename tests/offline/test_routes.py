@@ -19,10 +19,8 @@ import httpx
 import pytest
 from quart.typing import TestClientProtocol as Client
 
-from registry_coordinator.engine.config import AuthConfig, ConsoleConfig
-from registry_coordinator.engine.database import Database
+from registry_coordinator.config import AuthConfig, ConsoleConfig
 from registry_coordinator.engine.listener import Listener
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
@@ -30,6 +28,8 @@ from registry_coordinator.http import api
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.console.issuer import Issuer
 from registry_coordinator.http.probes import openapi_document
+from registry_coordinator.observability.metrics import Metrics
+from registry_coordinator.store.database import Database
 
 #: auth mode none: every caller is the local developer, an operator with every policy.
 NO_AUTH = AuthConfig(

@@ -20,18 +20,6 @@ from psycopg.types.json import Jsonb
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.engine.claims import Cancelled, Claimed, Settlement
-from registry_coordinator.engine.statements import (
-    CALL_OUTCOMES,
-    INTERRUPTED,
-    call_outcome,
-    columns,
-    plan,
-    result_polled,
-    result_read,
-    statement,
-    wait_due,
-)
 from registry_coordinator.http.console import wording
 from registry_coordinator.semantics.codes import FailureCode, HoldCode, RunState
 from registry_coordinator.semantics.steps import (
@@ -50,6 +38,18 @@ from registry_coordinator.semantics.steps import (
     Sleep,
     Transition,
     Verify,
+)
+from registry_coordinator.store.claims import Cancelled, Claimed, Settlement
+from registry_coordinator.store.statements import (
+    CALL_OUTCOMES,
+    INTERRUPTED,
+    call_outcome,
+    columns,
+    plan,
+    result_polled,
+    result_read,
+    statement,
+    wait_due,
 )
 from tests.harness import TEST_WORKFLOWS
 

@@ -17,7 +17,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry_coordinator.engine.config import TaskAuthority
+from registry_coordinator.config import TaskAuthority
 from registry_coordinator.engine.identity import (
     ACCESS_TOKEN,
     Grant,

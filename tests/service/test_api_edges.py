@@ -21,16 +21,16 @@ import httpx
 import pytest
 
 from registry_coordinator.authoring.artifact import check_source
-from registry_coordinator.engine.config import Policy
-from registry_coordinator.engine.database import Database, sync_connection
-from registry_coordinator.engine.metrics import Metrics
-from registry_coordinator.engine.operator_actions import set_admission
+from registry_coordinator.config import Policy
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Pinned, Workflows
 from registry_coordinator.http import admission
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.observability.metrics import Metrics
+from registry_coordinator.store.database import Database, sync_connection
+from registry_coordinator.store.operator_actions import set_admission
 from tests.harness import (
     TEST_WORKFLOWS,
     Cluster,

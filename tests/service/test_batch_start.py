@@ -20,10 +20,10 @@ import httpx
 import pytest
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
-from registry_coordinator.engine import store
-from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.http.auth import mint
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     TEST_WORKFLOWS,
     Cluster,

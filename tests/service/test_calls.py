@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     STANDIN_TOKEN,
     Service,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from registry_coordinator.engine.migrations import known
-from registry_coordinator.engine.tracing import OTLP_EXPORTER
+from registry_coordinator.observability.tracing import OTLP_EXPORTER
+from registry_coordinator.store.migrations import known
 from tests.harness import Services, coordinator
 
 NOTIFY: dict[str, tuple[str, dict[str, str]]] = {"notices": ("messaging", {})}

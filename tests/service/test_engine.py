@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from registry_coordinator.engine.database import QUERIES, sync_connection
+from registry_coordinator.store.database import QUERIES, sync_connection
 from tests.harness import Cluster, Services, migrate, old_postgres, wait_state, write_config
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from registry_coordinator.authoring.canonical import canonical_bytes, digest_of
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     Service,
     Services,

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import trio
 
-from registry_coordinator.engine.config import AuthConfig, load_config
+from registry_coordinator.config import AuthConfig, load_config
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, Authenticator
 from registry_coordinator.http.problems import Problem
 from tests.harness import Service, Services, coordinator, refused

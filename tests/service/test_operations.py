@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     STANDIN_TOKEN,
     Service,

@@ -29,8 +29,8 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from registry_coordinator.engine import store
-from registry_coordinator.engine.database import sync_connection
+from registry_coordinator import store
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     Cluster,
     Services,

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.engine.workflows import read_service
 from registry_coordinator.semantics.codes import FailureCode, HoldCode, RunState
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     STANDIN_TOKEN,
     Services,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import sync_connection
 from tests.harness import HANG_ONCE, QUIET, Services, decide, wait_state
 from tests.service.test_results import new_review, push
 from tests.service.test_surface import metrics

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from registry_coordinator.engine.database import QUERIES, sync_connection
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER
+from registry_coordinator.store.database import QUERIES, sync_connection
 from tests.harness import (
     QUIET,
     STANDIN_TOKEN,

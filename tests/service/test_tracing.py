@@ -28,14 +28,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from registry_coordinator import service
-from registry_coordinator.engine import store, tracing
-from registry_coordinator.engine.config import TracingConfig
-from registry_coordinator.engine.database import sync_connection
-from registry_coordinator.engine.logs import JsonLines
+from registry_coordinator import service, store
+from registry_coordinator.config import TracingConfig
 from registry_coordinator.engine.workflows import load_service
+from registry_coordinator.observability import tracing
+from registry_coordinator.observability.logs import JsonLines
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Send, on_due
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     QUIET,
     Services,

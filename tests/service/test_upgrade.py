@@ -19,9 +19,9 @@ import httpx
 import pytest
 import trio
 
-from registry_coordinator.engine import migrations
-from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.semantics.codes import HoldCode, RunState
+from registry_coordinator.store import migrations
+from registry_coordinator.store.database import sync_connection
 from tests.harness import (
     HANG_ONCE,
     STANDIN_TOKEN,

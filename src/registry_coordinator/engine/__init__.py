@@ -1,6 +1,8 @@
-"""Engine: runs in PostgreSQL and the services that move them.
+"""Engine: the services that move runs.
 
-The store and its named queries, migrations, the timer service, workers, the LISTEN/NOTIFY
-listener, per-connection call pools, service identities, configuration, metrics and logs.
-Built on `semantics` and `authoring`; knows nothing of HTTP requests from callers.
+Workers that claim runs and take their steps, per-connection call pools and what a call
+needs before it is sent (BReg action preparation, service identities and task grants,
+destinations judged and pinned), result reads and the Casework feed, the timer service
+and its batches of sleepers, and the LISTEN/NOTIFY listener. Built on `store`,
+`observability` and `config`; knows nothing of HTTP requests from callers.
 """

@@ -45,16 +45,15 @@ from typing import Any
 import httpx
 import trio
 
-from registry_coordinator import __version__
+from registry_coordinator import __version__, store
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.catalog import Operation
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.workflow import Call, WaitFor
-from registry_coordinator.engine import destinations, logs, statements, store, tracing
+from registry_coordinator.config import ConnectionConfig
+from registry_coordinator.engine import destinations
 from registry_coordinator.engine.backoff import ANSWER_RECORDING
-from registry_coordinator.engine.config import ConnectionConfig
-from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
 from registry_coordinator.engine.identity import (
     Credentials,
     Grant,
@@ -64,9 +63,10 @@ from registry_coordinator.engine.identity import (
     credentials,
     task_grants,
 )
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.preparation import Prepared, Preparer
 from registry_coordinator.engine.timers import Timer
+from registry_coordinator.observability import logs, tracing
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.codes import FailureCode, HoldCode
 from registry_coordinator.semantics.steps import (
     Check,
@@ -87,6 +87,8 @@ from registry_coordinator.semantics.steps import (
     fetched,
     settle,
 )
+from registry_coordinator.store import statements
+from registry_coordinator.store.database import Database, StatementFailed, Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Where an external read may go: never to a link-local or cloud metadata address.
 
-An external connection's base URL was reviewed by its operator (``engine.config``
+An external connection's base URL was reviewed by its operator (``config``
 refuses one that names such an address outright), but a host name is resolved anew for
 every read, and what it resolves to can change. Before a read is authorized — before a
 token is asked for — its host is resolved and every address it gives is judged: one that

@@ -24,14 +24,14 @@ from urllib.parse import urlencode
 
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
 from registry_coordinator.authoring.catalog import Feed, Result, builtin_catalog
-from registry_coordinator.engine import store
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.calls import Product
-from registry_coordinator.engine.database import Database, Unavailable
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Request, bind
+from registry_coordinator.store.database import Database, Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import httpx
 import jwt
 import trio
 
-from registry_coordinator.engine.config import Bearer, ClientCredentials, Identity, TaskAuthority
+from registry_coordinator.config import Bearer, ClientCredentials, Identity, TaskAuthority
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
 #: A token is renewed this long before the expiry its endpoint announced.

@@ -14,8 +14,8 @@ import logging
 import trio
 
 from registry_coordinator.engine.backoff import LISTENER_RECONNECT
-from registry_coordinator.engine.database import Database, Unavailable, notifications
 from registry_coordinator.engine.timers import Timer
+from registry_coordinator.store.database import Database, Unavailable, notifications
 
 log = logging.getLogger(__name__)
 CHANNEL = "coordinator_wake"

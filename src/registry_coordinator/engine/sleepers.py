@@ -30,14 +30,15 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from registry_coordinator import store
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.engine import store, tracing
-from registry_coordinator.engine.database import Database, Unavailable
-from registry_coordinator.engine.faults import crash_point
-from registry_coordinator.engine.metrics import Metrics
-from registry_coordinator.engine.statements import Plan, plan
 from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.observability import tracing
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.steps import on_due
+from registry_coordinator.store.database import Database, Unavailable
+from registry_coordinator.store.faults import crash_point
+from registry_coordinator.store.statements import Plan, plan
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from datetime import timedelta
 
 import trio
 
-from registry_coordinator.engine import store
+from registry_coordinator import store
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
-from registry_coordinator.engine.database import Database, Unavailable
 from registry_coordinator.engine.sleepers import Sleepers
+from registry_coordinator.store.database import Database, Unavailable
 
 log = logging.getLogger(__name__)
 #: Wait-untils woken per transaction: large enough that a burst costs a few statements,

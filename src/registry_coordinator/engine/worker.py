@@ -27,17 +27,16 @@ from datetime import datetime
 
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
-from registry_coordinator.engine import logs, store, tracing
+from registry_coordinator.config import EngineConfig
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.calls import Calls, Product
-from registry_coordinator.engine.config import EngineConfig
-from registry_coordinator.engine.database import Database, Unavailable
-from registry_coordinator.engine.faults import crash_point
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
+from registry_coordinator.observability import logs, tracing
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import (
     NO_VERIFICATION,
@@ -50,6 +49,8 @@ from registry_coordinator.semantics.steps import (
     detail,
     on_due,
 )
+from registry_coordinator.store.database import Database, Unavailable
+from registry_coordinator.store.faults import crash_point
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ it: its artifact is read back from the database, its digest verified, and built
 without being judged again under this build's rules (``load(trusted=True)``), so
 a build that tightens a rule does not strand the runs admitted before it.
 
-Loading reports into the configuration's :class:`~registry_coordinator.engine.config.Problems`
+Loading reports into the configuration's :class:`~registry_coordinator.config.Problems`
 rather than raising, and :func:`load_service` looks at all three stages (the file's
 structure, the artifacts, the bindings) before refusing with every problem, each at the
 field of the configuration it is about.
@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from registry_coordinator import store
 from registry_coordinator.authoring.artifact import load, load_file
 from registry_coordinator.authoring.canonical import digest_of
 from registry_coordinator.authoring.catalog import Operation, Parameter, builtin_catalog
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Diagnostic, Refused
 from registry_coordinator.authoring.workflow import Call, WaitFor
-from registry_coordinator.engine import store
-from registry_coordinator.engine.config import (
+from registry_coordinator.config import (
     Config,
     ConfigReading,
     ConnectionConfig,
@@ -36,7 +36,7 @@ from registry_coordinator.engine.config import (
     Problems,
     read_config,
 )
-from registry_coordinator.engine.database import Database
+from registry_coordinator.store.database import Database
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 from quart import Response
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine import operator_actions, store
-from registry_coordinator.engine.database import Database, Row
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.archive import gone
@@ -32,6 +31,8 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import authenticated, body_json, json_response
+from registry_coordinator.store import operator_actions
+from registry_coordinator.store.database import Database, Row
 
 START_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 #: The most starts one batch may carry: what one statement admits in well under a second.

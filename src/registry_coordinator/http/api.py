@@ -20,13 +20,13 @@ from quart import Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from registry_coordinator.engine.database import Unavailable
 from registry_coordinator.http import admission, deliveries, probes, runs
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body
 from registry_coordinator.http.routing import Handler, Route, bound, route
+from registry_coordinator.store.database import Unavailable
 
 __all__ = ["FALLBACKS", "ROUTES", "Context", "Handler", "Route", "create_app", "route"]
 

@@ -5,9 +5,9 @@ to (for a read or an action on one, and for a start retried with its Idempotency
 from __future__ import annotations
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine.database import Row
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import instant
+from registry_coordinator.store.database import Row
 
 
 def archived_status(row: Row) -> JSON:

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.engine.config import ACTIONS, MINIMUM_JWKS_REFRESH, AuthConfig, Policy
+from registry_coordinator.config import ACTIONS, MINIMUM_JWKS_REFRESH, AuthConfig, Policy
 from registry_coordinator.http.problems import Problem
 
 ALGORITHMS = ("RS256", "ES256", "EdDSA")

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import trio
 
 from registry_coordinator.engine.calls import Product
-from registry_coordinator.engine.database import Database
 from registry_coordinator.engine.listener import Listener
-from registry_coordinator.engine.metrics import Metrics
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.console.issuer import Issuer
+from registry_coordinator.observability.metrics import Metrics
+from registry_coordinator.store.database import Database
 
 
 @dataclass

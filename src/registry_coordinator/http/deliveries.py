@@ -26,11 +26,11 @@ import time
 
 from quart import Response, request
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.catalog import Result, builtin_catalog
-from registry_coordinator.engine import store
+from registry_coordinator.config import Completions
 from registry_coordinator.engine.calls import Product
-from registry_coordinator.engine.config import Completions
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import body_json, json_response

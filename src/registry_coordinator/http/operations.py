@@ -9,7 +9,7 @@ answer to the call that came back after Coordinator's claim on the run was lost;
 and ``cancel`` stops future dispatch without undoing anything a product accepted.
 
 Here are the decisions and the refusals a caller sees; the statements, each run under the
-run's lock, are :mod:`engine.operator_actions` (as is holding and releasing admission).
+run's lock, are :mod:`store.operator_actions` (as is holding and releasing admission).
 """
 
 from __future__ import annotations
@@ -19,20 +19,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
 from registry_coordinator.authoring.catalog import Operation
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.workflow import Call
-from registry_coordinator.engine import operator_actions, store
 from registry_coordinator.engine.calls import Product
-from registry_coordinator.engine.database import Database, Row
-from registry_coordinator.engine.operator_actions import LockedRun
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import TERMINAL, RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Request, detail
+from registry_coordinator.store import operator_actions
+from registry_coordinator.store.database import Database, Row
+from registry_coordinator.store.operator_actions import LockedRun
 
 MAX_REASON = 1000
 

@@ -3,7 +3,7 @@
 None needs a caller's token. ``/health`` says only that the process answers; ``/ready``
 names each part the service needs and whether it is there, 503 if any is not; a scrape of
 ``/metrics`` refreshes the gauges that describe the present before rendering them. What
-the probes read from the database is :mod:`engine.health`'s, which gives up in seconds,
+the probes read from the database is :mod:`observability.health`'s, which gives up in seconds,
 so a probe answers even when the database does not.
 """
 
@@ -16,10 +16,10 @@ import yaml
 from quart import Response
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine import health as engine_health
-from registry_coordinator.engine.metrics import CONTENT_TYPE
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.requests import json_response
+from registry_coordinator.observability import health as health_reads
+from registry_coordinator.observability.metrics import CONTENT_TYPE
 from registry_coordinator.semantics.codes import RunState
 
 
@@ -52,7 +52,7 @@ async def openapi(context: Context) -> Response:
 async def readiness(context: Context) -> dict[str, JSON]:
     """Each part the service needs to serve, named, and whether it is there."""
     return {
-        "database": await engine_health.database(context.db),
+        "database": await health_reads.database(context.db),
         "schema": {"ok": True, "detail": "checked at startup"},
         "listener": {"ok": context.listener.connected, "reconnects": context.listener.reconnects},
         "keys": context.auth.readiness(),
@@ -66,7 +66,7 @@ async def readiness(context: Context) -> dict[str, JSON]:
 async def scrape(context: Context) -> None:
     """Refresh the gauges that describe the present, just before they are read."""
     metrics = context.metrics
-    now = await engine_health.runs_now(context.db)
+    now = await health_reads.runs_now(context.db)
     if now is not None:
         for state, runs in now.counts.items():
             metrics.runs.labels(state).set(runs)

@@ -18,10 +18,10 @@ from quart import Response, request
 
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
 from registry_coordinator.authoring.expressions import format_instant, parse_instant
-from registry_coordinator.engine.database import Row
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.store.database import Row
 
 PROBLEM_TYPE = "https://registrystack.org/problems/coordinator/"
 #: Seconds a client is asked to wait before trying again a request refused with 503: about

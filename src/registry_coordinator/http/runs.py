@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 from quart import Response, request
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON, storable
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.engine import store, tracing
-from registry_coordinator.engine.database import Row
 from registry_coordinator.http import admission, operations
 from registry_coordinator.http.archive import archived_status, gone
 from registry_coordinator.http.auth import Caller
@@ -33,7 +32,9 @@ from registry_coordinator.http.requests import (
     next_cursor,
     problem_body,
 )
+from registry_coordinator.observability import tracing
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import Row
 
 
 def run_status(row: Row) -> JSON:

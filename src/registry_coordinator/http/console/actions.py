@@ -18,8 +18,6 @@ from urllib.parse import urlencode
 from quart import Response
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine import console_reads
-from registry_coordinator.engine.database import Row
 from registry_coordinator.http import admission, operations, runs
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.pages import Sent, page
@@ -28,6 +26,8 @@ from registry_coordinator.http.console.visitors import Visitor, checked_form, vi
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.store import console_reads
+from registry_coordinator.store.database import Row
 
 _ADMISSION = {"hold": True, "release": False}
 

@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from registry_coordinator.engine.config import AuthConfig, ConsoleConfig, https_or_loopback
+from registry_coordinator.config import AuthConfig, ConsoleConfig, https_or_loopback
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.problems import Problem
 

@@ -16,14 +16,13 @@ from typing import Any
 from prometheus_client import Metric
 from quart import Response, request
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import storable
 from registry_coordinator.authoring.catalog import Recovery
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.drawing import dot
 from registry_coordinator.authoring.workflow import Call
-from registry_coordinator.engine import console_reads, store
-from registry_coordinator.engine.database import Row
 from registry_coordinator.http import probes, runs
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.render import html
@@ -32,6 +31,8 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import cursor, next_cursor
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store import console_reads
+from registry_coordinator.store.database import Row
 
 PAGE_SIZE = 50
 #: The held runs the landing page explains at most, oldest first; the rest are on the runs page.

@@ -11,7 +11,6 @@ import logging
 
 from quart import Response, request
 
-from registry_coordinator.engine.database import Unavailable
 from registry_coordinator.http.console import actions, pages, signin
 from registry_coordinator.http.console.render import asset, html, redirect
 from registry_coordinator.http.console.visitors import SignInNeeded, sign_in_location
@@ -19,6 +18,7 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import RETRY_AFTER
 from registry_coordinator.http.routing import Handler, route
+from registry_coordinator.store.database import Unavailable
 
 log = logging.getLogger(__name__)
 

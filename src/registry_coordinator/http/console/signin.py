@@ -18,7 +18,6 @@ from datetime import UTC, datetime, timedelta
 
 from quart import Response, request
 
-from registry_coordinator.engine import sessions
 from registry_coordinator.http.console.issuer import random_token
 from registry_coordinator.http.console.render import html, redirect
 from registry_coordinator.http.console.visitors import (
@@ -32,6 +31,7 @@ from registry_coordinator.http.console.visitors import (
 )
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.store import sessions
 
 LOGIN_LIFETIME = timedelta(minutes=10)
 

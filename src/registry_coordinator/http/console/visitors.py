@@ -22,12 +22,12 @@ from urllib.parse import quote, urlsplit
 
 from quart import Response, request
 
-from registry_coordinator.engine import sessions
-from registry_coordinator.engine.config import LOOPBACK
+from registry_coordinator.config import LOOPBACK
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.console.issuer import random_token
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.store import sessions
 
 CSRF_COOKIE = "console-csrf"
 

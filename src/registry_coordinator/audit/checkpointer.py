@@ -26,9 +26,9 @@ import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
-from registry_coordinator.engine.database import Database, Row, Unavailable
-from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, sign
+from registry_coordinator.store.database import Database, Row, Unavailable
 
 log = logging.getLogger(__name__)
 

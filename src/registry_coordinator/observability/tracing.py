@@ -59,8 +59,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from registry_coordinator import __version__
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.workflow import step_type
-from registry_coordinator.engine.claims import Cancelled, Claimed, Committed
-from registry_coordinator.engine.config import TracingConfig
+from registry_coordinator.config import TracingConfig
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.semantics.steps import (
     Advance,
@@ -79,6 +78,7 @@ from registry_coordinator.semantics.steps import (
     Transition,
     Verify,
 )
+from registry_coordinator.store.claims import Cancelled, Claimed, Committed
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ import trio
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.expressions import parse_instant
-from registry_coordinator.engine.database import Row
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import RunRecord, Transition
+from registry_coordinator.store.database import Row
 
 
 def actor(owner: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from registry_coordinator.engine.database import Database, Row
+from registry_coordinator.store.database import Database, Row
 
 #: Bytes in a SHA-256 digest: what every key here is.
 HASH_BYTES = 32

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine.database import Connection, Database, Row
+from registry_coordinator.store.database import Connection, Database, Row
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.engine import store
-from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import Database, StatementFailed, Unavailable
 
 #: Seconds a probe waits for the database before calling it unreachable: well inside the
 #: timeouts of the load balancers and scrapers that call the probes.

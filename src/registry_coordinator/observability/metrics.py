@@ -20,7 +20,7 @@ from registry_coordinator.authoring.workflow import step_type
 from registry_coordinator.semantics.codes import TERMINAL
 
 if TYPE_CHECKING:
-    from registry_coordinator.engine.claims import Committed
+    from registry_coordinator.store.claims import Committed
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from registry_coordinator.engine.database import MINIMUM_SERVER_VERSION, Database, Queries
 from registry_coordinator.errors import CoordinatorError
+from registry_coordinator.store.database import MINIMUM_SERVER_VERSION, Database, Queries
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from registry_coordinator.engine.database import sync_connection
 from registry_coordinator.errors import CoordinatorError, ExitCode
+from registry_coordinator.store.database import sync_connection
 
 DATABASE = "coordinator"
 

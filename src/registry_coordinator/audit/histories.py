@@ -24,12 +24,12 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from registry_coordinator.engine.checkpoints import checkpoint, stored
-from registry_coordinator.engine.database import Database, Row
+from registry_coordinator.audit.checkpointer import checkpoint, stored
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Break, Event, first_break, parse
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, inclusion, root, signed_by
+from registry_coordinator.store.database import Database, Row
 
 BATCH = 500
 CHECKPOINT_BATCH = 100

@@ -33,13 +33,14 @@ from pathlib import Path
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from registry_coordinator.engine import audit, faults
+from registry_coordinator.audit import histories
+from registry_coordinator.audit.checkpointer import Checkpointer
+from registry_coordinator.config import RetentionConfig
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
-from registry_coordinator.engine.checkpoints import Checkpointer
-from registry_coordinator.engine.config import RetentionConfig
-from registry_coordinator.engine.database import Database, StatementFailed, Unavailable
-from registry_coordinator.engine.metrics import Metrics
+from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics import bundles
+from registry_coordinator.store import faults
+from registry_coordinator.store.database import Database, StatementFailed, Unavailable
 
 log = logging.getLogger(__name__)
 #: Seconds between full batches while a backlog is archived: each holds starts briefly.
@@ -114,9 +115,9 @@ async def _archive_batch(
         return 0, 0
     await checkpointer.sign([row["id"] for row in due])
     runs, seqs, paths, digests = [], [], [], []
-    trees: audit.Trees = {}
+    trees: histories.Trees = {}
     for row in due:
-        data = await audit.export(db, row["id"], key, trees)
+        data = await histories.export(db, row["id"], key, trees)
         relative = bundle_path(row["id"], row["ended_at"])
         digest = await trio.to_thread.run_sync(
             _write_verified, retention.directory / relative, data, key.public_key()
@@ -172,7 +173,7 @@ class Archiver:
                 log.warning("archiver: database unavailable: %s", exc)
                 await trio.sleep(DATABASE_OUTAGE.pause(failures))
                 continue
-            except (OSError, bundles.Refused, audit.Unexportable, StatementFailed) as exc:
+            except (OSError, bundles.Refused, histories.Unexportable, StatementFailed) as exc:
                 log.error("archiver: a bundle could not be written and verified: %s", exc)
                 due = archived = 0
             # A full batch archived: more may be due, after the workers had their turn.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 
-from registry_coordinator.engine.database import Database, Row
+from registry_coordinator.store.database import Database, Row
 
 
 def _visible(caller: str | None, readable: frozenset[str] | None) -> dict[str, object]:

@@ -27,8 +27,11 @@ from psycopg.types.json import Jsonb
 
 from registry_coordinator.authoring.canonical import JSON, canonical_bytes, digest_of
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.engine import statements
-from registry_coordinator.engine.claims import (
+from registry_coordinator.errors import CoordinatorError
+from registry_coordinator.semantics.codes import HoldCode, RunState
+from registry_coordinator.semantics.steps import Request, Transition
+from registry_coordinator.store import statements
+from registry_coordinator.store.claims import (
     Ahead,
     Cancelled,
     Claimed,
@@ -37,13 +40,10 @@ from registry_coordinator.engine.claims import (
     Settlement,
     actor,
 )
-from registry_coordinator.engine.database import Connection, Database, Row
-from registry_coordinator.engine.faults import crash_point
-from registry_coordinator.engine.leases import Holder, Holdings, extend_leases, take_over
-from registry_coordinator.engine.statements import TAKEN_AT_ONCE, wait_due
-from registry_coordinator.errors import CoordinatorError
-from registry_coordinator.semantics.codes import HoldCode, RunState
-from registry_coordinator.semantics.steps import Request, Transition
+from registry_coordinator.store.database import Connection, Database, Row
+from registry_coordinator.store.faults import crash_point
+from registry_coordinator.store.leases import Holder, Holdings, extend_leases, take_over
+from registry_coordinator.store.statements import TAKEN_AT_ONCE, wait_due
 
 __all__ = [
     "DEFECTS_BEFORE_HOLD",
@@ -64,6 +64,7 @@ __all__ = [
     "NextDue",
     "NothingSealed",
     "RunFilter",
+    "Sealed",
     "Settlement",
     "Start",
     "StartArchived",
@@ -72,6 +73,8 @@ __all__ = [
     "admit",
     "admit_many",
     "advance_sleepers",
+    "archived",
+    "archived_page",
     "claim",
     "commit",
     "dispatch",

@@ -29,7 +29,6 @@ from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.authoring.workflow import WaitFor
-from registry_coordinator.engine.claims import Ahead, Cancelled, Claimed, Committed, Settlement
 from registry_coordinator.semantics.codes import FailureCode, RunState
 from registry_coordinator.semantics.steps import (
     Advance,
@@ -51,6 +50,7 @@ from registry_coordinator.semantics.steps import (
     on_due,
     woke,
 )
+from registry_coordinator.store.claims import Ahead, Cancelled, Claimed, Committed, Settlement
 
 #: What a holder may commit in the same statement as the Advance before it: entering these
 #: steps needs neither a product nor a wait registered, so nothing lies between them.

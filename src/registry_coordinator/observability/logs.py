@@ -2,7 +2,7 @@
 
 A log call about a run passes ``extra={"run": run_id}``; the JSON line then carries
 a ``run`` field, so an operator can find everything that happened to one run. A line
-logged inside a span (a run's step, a product call: ``engine.tracing``) carries its
+logged inside a span (a run's step, a product call: ``observability.tracing``) carries its
 ``trace_id`` and ``span_id``, so the operator can go from the line to the trace. A
 process of ``coordinator serve --processes N`` shares its supervisor's stderr, so each of
 its lines names it: ``process`` is its index (the ``k`` of its lease holder
@@ -24,7 +24,7 @@ from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Expire, Failed, Held
 
 if TYPE_CHECKING:
-    from registry_coordinator.engine.claims import Committed
+    from registry_coordinator.store.claims import Committed
 
 runs = logging.getLogger("registry_coordinator.runs")
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from registry_coordinator.engine.database import Database
+from registry_coordinator.store.database import Database
 
 
 @dataclass(frozen=True)
