@@ -39,7 +39,7 @@ from registry_coordinator.semantics.steps import (
     Transition,
     Verify,
 )
-from registry_coordinator.store.claims import Cancelled, Claimed, Settlement
+from registry_coordinator.store.claims import CancelledInFlight, Claimed, Settlement
 from registry_coordinator.store.statements import (
     CALL_OUTCOMES,
     INTERRUPTED,
@@ -92,7 +92,7 @@ def held_at(workflow: str, step: str, run_input: Any = None, **fields: Any) -> C
     return replace(run, **fields)
 
 
-def changed(workflow: str, step: str, transition: Transition | Cancelled) -> dict[str, Any]:
+def changed(workflow: str, step: str, transition: Transition | CancelledInFlight) -> dict[str, Any]:
     """The columns ``transition`` gives the run, but those every transition sets the same."""
     params, _ = columns(
         definition(workflow), held_at(workflow, step), transition, LEASE, True, POLL, NOW
@@ -297,7 +297,7 @@ def test_only_a_wait_for_registers_a_wait() -> None:
 
 def test_a_cancellation_as_a_call_settles_keeps_the_calls_answer_and_skips_the_check() -> None:
     answered = Advance("decide", "next", {"data": {}}, True)
-    cancelled = Cancelled("cancelled by an operator", answered)
+    cancelled = CancelledInFlight("cancelled by an operator", answered)
     run = held_at("bench-four", "read")
     settled = Settlement("response", 200, b"{}")
     params, wait = columns(
@@ -321,7 +321,7 @@ def test_a_cancellation_as_a_call_settles_keeps_the_calls_answer_and_skips_the_c
 
 
 def test_a_cancellation_instead_of_a_failure_records_no_output() -> None:
-    cancelled = Cancelled("cancelled", Failed(FailureCode.PRODUCT_REFUSED, "422"))
+    cancelled = CancelledInFlight("cancelled", Failed(FailureCode.PRODUCT_REFUSED, "422"))
     got = changed("bench-four", "read", cancelled)
     assert (got["outputs"], got["completed"], got["failure_code"]) == ({}, {}, None)
 
@@ -349,7 +349,7 @@ def test_every_state_a_transition_sets_is_a_run_state() -> None:
         Expire(),
         Sleep(NOW),
         Retry(NOW, "x"),
-        Cancelled("x", Expire()),
+        CancelledInFlight("x", Expire()),
     ):
         assert type(changed("chain", "now", transition)["state"]) is RunState
     waiting = Await(review.results["wait"], "k", None)

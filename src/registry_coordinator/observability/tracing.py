@@ -78,7 +78,7 @@ from registry_coordinator.semantics.steps import (
     Transition,
     Verify,
 )
-from registry_coordinator.store.claims import Cancelled, Claimed, Committed
+from registry_coordinator.store.claims import CancelledInFlight, Claimed, Committed
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ def _step_attributes(
     return attributes
 
 
-def _outcome(transition: Transition | Cancelled) -> str:
+def _outcome(transition: Transition | CancelledInFlight) -> str:
     """A step's outcome in the words of the run's history (its event kinds), or the
     hand-off to a pool: ``call``, ``result-read``."""
     match transition:
@@ -263,7 +263,7 @@ def _outcome(transition: Transition | Cancelled) -> str:
             return "verify-scheduled"
         case Check():
             return "receipt-lookup"
-        case Cancelled():
+        case CancelledInFlight():
             return "cancelled"
         case Send():
             return "call"
@@ -273,7 +273,7 @@ def _outcome(transition: Transition | Cancelled) -> str:
             assert_never(transition)
 
 
-def _describe(span: Span, transition: Transition | Cancelled) -> None:
+def _describe(span: Span, transition: Transition | CancelledInFlight) -> None:
     """Set a step span's outcome; a failure, a hold or an expiry is an error status, so a
     trace viewer shows where runs stopped."""
     span.set_attribute("coordinator.step.outcome", _outcome(transition))
@@ -293,7 +293,7 @@ def _taken(
     tracer: Tracer,
     definition: Definition | None,
     run: Claimed,
-    taken: Sequence[tuple[str, Transition | Cancelled]],
+    taken: Sequence[tuple[str, Transition | CancelledInFlight]],
     first_attempt: int = 0,
 ) -> None:
     """A span for each of these steps, committed in one statement: they took no time of

@@ -111,7 +111,7 @@ class Settlement:
 
 
 @dataclass(frozen=True)
-class Cancelled:
+class CancelledInFlight:
     """A cancellation an operator asked for while a call was in flight, taking effect as
     that call settles; ``instead`` is what the run would otherwise have done."""
 
@@ -132,7 +132,7 @@ class Ahead:
 class Committed:
     run: Claimed  # the run as it stands now
     due_at: datetime | None  # when it next falls due, for the timer
-    taken: tuple[tuple[str, Transition | Cancelled], ...]  # (step, transition), in order
+    taken: tuple[tuple[str, Transition | CancelledInFlight], ...]  # (step, transition), in order
     outcome: str | None = None  # the outcome, when the run finished
     held: bool = False  # the holder still holds the run and should take its next step
     ahead: Ahead | None = None  # the next step, when it was decided (``go_on``)

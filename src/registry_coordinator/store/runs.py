@@ -33,7 +33,7 @@ from registry_coordinator.semantics.steps import Request, Transition
 from registry_coordinator.store import statements
 from registry_coordinator.store.claims import (
     Ahead,
-    Cancelled,
+    CancelledInFlight,
     Claimed,
     Committed,
     LeaseLost,
@@ -53,7 +53,7 @@ __all__ = [
     "AdmissionHeld",
     "Admitted",
     "Ahead",
-    "Cancelled",
+    "CancelledInFlight",
     "Claimed",
     "Committed",
     "Delivery",
@@ -480,7 +480,9 @@ async def commit(
             return planned.committed()  # this very settlement committed before: already applied
         if not (why["holding"] and why["cancel_requested"]):
             raise LeaseLost(str(run.id))
-        cancelled = Cancelled("cancelled by an operator while a call was in flight", transition)
+        cancelled = CancelledInFlight(
+            "cancelled by an operator while a call was in flight", transition
+        )
         instead = statements.plan(
             definition,
             run,

@@ -50,7 +50,13 @@ from registry_coordinator.semantics.steps import (
     on_due,
     woke,
 )
-from registry_coordinator.store.claims import Ahead, Cancelled, Claimed, Committed, Settlement
+from registry_coordinator.store.claims import (
+    Ahead,
+    CancelledInFlight,
+    Claimed,
+    Committed,
+    Settlement,
+)
 
 #: What a holder may commit in the same statement as the Advance before it: entering these
 #: steps needs neither a product nor a wait registered, so nothing lies between them.
@@ -140,7 +146,7 @@ class Plan:
 
     statement: dict[str, Any]  # the parameters of the ``transition`` query
     wait: dict[str, Any] | None  # a wait-for's wait to register with it (``register_wait``)
-    taken: tuple[tuple[str, Transition | Cancelled], ...]  # (step, transition), in order
+    taken: tuple[tuple[str, Transition | CancelledInFlight], ...]  # (step, transition), in order
     run: Claimed  # the run as the statement leaves it
     ahead: Ahead | None  # the step after the chain, decided while building it
 
@@ -160,7 +166,7 @@ class Plan:
 def plan(
     definition: Definition | None,
     run: Claimed,
-    transition: Transition | Cancelled,
+    transition: Transition | CancelledInFlight,
     lease: timedelta,
     *,
     keep_lease: bool,
@@ -178,7 +184,7 @@ def plan(
     that step again). ``outcome``, if any, is the event written before the first
     transition's (:class:`Outcome`)."""
     params, wait = columns(definition, run, transition, lease, keep_lease, poll, now, settlement)
-    taken: list[tuple[str, Transition | Cancelled]] = [(run.step, transition)]
+    taken: list[tuple[str, Transition | CancelledInFlight]] = [(run.step, transition)]
     events = [params]
     moved = after(run, params, now)
     if outcome is not None:
@@ -315,7 +321,7 @@ def _plain(value: object) -> str:
 def columns(
     definition: Definition | None,
     run: Claimed,
-    transition: Transition | Cancelled,
+    transition: Transition | CancelledInFlight,
     lease: timedelta,
     keep_lease: bool,
     poll: timedelta | None,
@@ -351,7 +357,7 @@ def columns(
         "hold_code": None,
         "detail": None,
         "ends": False,
-        "honour_cancel": not isinstance(transition, Cancelled),
+        "honour_cancel": not isinstance(transition, CancelledInFlight),
         "call_status": settlement.status if settlement else None,
         "call_response": settlement.response if settlement else None,
         "call_outcome": settlement.outcome if settlement else None,
@@ -364,7 +370,7 @@ def columns(
 def _changes(
     definition: Definition | None,
     run: Claimed,
-    transition: Transition | Cancelled,
+    transition: Transition | CancelledInFlight,
     lease: timedelta,
     keep_lease: bool,
     poll: timedelta | None,
@@ -376,7 +382,7 @@ def _changes(
     step = run.step
     completed = {step: format_instant(now)}
     match transition:
-        case Cancelled():
+        case CancelledInFlight():
             return _cancelled(transition, step, completed), None
         case Advance(next=following, via=via):
             return {
@@ -448,7 +454,9 @@ def _changes(
             assert_never(transition)
 
 
-def _cancelled(transition: Cancelled, step: str, completed: dict[str, str]) -> dict[str, Any]:
+def _cancelled(
+    transition: CancelledInFlight, step: str, completed: dict[str, str]
+) -> dict[str, Any]:
     """The run ends cancelled as its call settles, keeping the call's answer if the step
     would have completed with it."""
     instead = transition.instead
