@@ -14,11 +14,13 @@ from registry_coordinator import cli
 from registry_coordinator.authoring import reference
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.durations import format_duration
+from registry_coordinator.cli import authoring
+from registry_coordinator.cli.service import run_service
 from registry_coordinator.config import DEFAULT_MAX_LIFETIME
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, jwks_path
 from registry_coordinator.store.migrations import SchemaMismatch
-from tests.harness import CORPUS, ROOT, WORKFLOWS, coordinator, write_config
+from tests.support import CORPUS, ROOT, WORKFLOWS, coordinator, write_config
 
 
 def test_usage_errors_exit_2() -> None:
@@ -174,7 +176,7 @@ def test_an_error_of_the_products_own_is_one_line_and_its_exit_code(
     def digest(_: argparse.Namespace) -> int:
         raise Gone("the thing at 127.0.0.1:1 refused the connection")
 
-    monkeypatch.setattr(cli, "_digest", digest)
+    monkeypatch.setattr(authoring, "_digest", digest)
     assert cli.main(["digest", "anything.json"]) == ExitCode.UNAVAILABLE
     assert capsys.readouterr().err == (
         "coordinator: things unavailable: the thing at 127.0.0.1:1 refused the connection\n"
@@ -195,10 +197,10 @@ def test_a_service_commands_error_is_taken_out_of_trios_exception_groups() -> No
 
     mismatch = SchemaMismatch("run `coordinator migrate --config FILE`")
     with pytest.raises(SchemaMismatch) as caught:
-        cli._run_service(lambda: fails(mismatch))
+        run_service(lambda: fails(mismatch))
     assert caught.value is mismatch
     with pytest.raises(ExceptionGroup):  # a defect keeps its traceback, group and all
-        cli._run_service(lambda: fails(ValueError("a defect")))
+        run_service(lambda: fails(ValueError("a defect")))
 
 
 def test_migrate_without_a_database_says_so_and_exits_3(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ import pytest
 
 from registry_coordinator.devtools.issuer import s256
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path
-from tests.harness import (
+from tests.support import (
     Forms,
     Services,
     coordinator,
@@ -56,7 +56,9 @@ PARAMETERS = (
 
 
 @dataclass
-class Issuer:
+class RunningIssuer:
+    """The stand-in issuer serving in a process of its own, and a client to it."""
+
     url: str
     key: Path
     http: httpx.Client
@@ -79,17 +81,18 @@ def issuer_process(directory: Path, *options: str) -> Iterator[tuple[list[str], 
     finally:
         process.kill()
         process.wait(10)
+        process.stdout.close()
 
 
 @pytest.fixture(scope="module")
-def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Issuer]:
+def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIssuer]:
     directory = tmp_path_factory.mktemp("issuer")
     port, key = free_port(), directory / "keys" / "issuer.pem"
     with issuer_process(directory, f"--issuer={port}", f"--issuer-key={key}") as (lines, _):
         url = f"http://127.0.0.1:{port}"
         assert lines == [f"issuer {url}\n"]
         with httpx.Client(base_url=url, timeout=10) as http:
-            yield Issuer(url, key, http)
+            yield RunningIssuer(url, key, http)
 
 
 # --- a browser and a console ----------------------------------------------------------------
@@ -174,7 +177,7 @@ def refused_page(response: httpx.Response, parameter: str) -> None:
 # --- the tests ---------------------------------------------------------------------------------
 
 
-def test_discovery_names_the_endpoints_and_what_they_support(issuer: Issuer) -> None:
+def test_discovery_names_the_endpoints_and_what_they_support(issuer: RunningIssuer) -> None:
     document = issuer.http.get("/.well-known/openid-configuration").json()
     url = issuer.url
     assert {k: v for k, v in document.items() if k not in ("scopes_supported",)} == {
@@ -198,13 +201,13 @@ def test_discovery_names_the_endpoints_and_what_they_support(issuer: Issuer) -> 
     ]
 
 
-def test_the_key_set_served_is_the_one_written_beside_the_key(issuer: Issuer) -> None:
+def test_the_key_set_served_is_the_one_written_beside_the_key(issuer: RunningIssuer) -> None:
     served = issuer.http.get("/jwks").json()
     assert served == json.loads(jwks_path(issuer.key).read_text())
     assert [k["kty"] for k in served["keys"]] == ["OKP"]
 
 
-def test_the_sign_in_page_offers_each_person_a_form_without_script(issuer: Issuer) -> None:
+def test_the_sign_in_page_offers_each_person_a_form_without_script(issuer: RunningIssuer) -> None:
     asked = request(s256(secrets.token_urlsafe(32)))
     page = issuer.http.get("/authorize", params=asked)
     assert page.status_code == 200
@@ -224,7 +227,7 @@ def test_the_sign_in_page_offers_each_person_a_form_without_script(issuer: Issue
 
 @pytest.mark.parametrize("person", sorted(PEOPLE))
 def test_a_code_flow_with_pkce_gives_tokens_the_key_set_verifies(
-    issuer: Issuer, person: str
+    issuer: RunningIssuer, person: str
 ) -> None:
     verifier = secrets.token_urlsafe(48)
     code, asked = sign_in(issuer.http, person, verifier)
@@ -253,14 +256,14 @@ def test_a_code_flow_with_pkce_gives_tokens_the_key_set_verifies(
     )
 
 
-def test_a_code_is_spent_by_its_first_use(issuer: Issuer) -> None:
+def test_a_code_is_spent_by_its_first_use(issuer: RunningIssuer) -> None:
     verifier = secrets.token_urlsafe(32)
     code, _ = sign_in(issuer.http, "ada", verifier)
     assert exchange(issuer.http, code, verifier).status_code == 200
     refused(exchange(issuer.http, code, verifier), "invalid_grant", "already used")
 
 
-def test_a_wrong_verifier_is_refused_and_spends_the_code(issuer: Issuer) -> None:
+def test_a_wrong_verifier_is_refused_and_spends_the_code(issuer: RunningIssuer) -> None:
     verifier = secrets.token_urlsafe(32)
     code, _ = sign_in(issuer.http, "ada", verifier)
     wrong = secrets.token_urlsafe(32)
@@ -276,14 +279,14 @@ def test_a_wrong_verifier_is_refused_and_spends_the_code(issuer: Issuer) -> None
     ],
 )
 def test_a_code_is_refused_to_another_redirect_uri_or_client(
-    issuer: Issuer, change: dict[str, str], saying: str
+    issuer: RunningIssuer, change: dict[str, str], saying: str
 ) -> None:
     verifier = secrets.token_urlsafe(32)
     code, _ = sign_in(issuer.http, "sam", verifier)
     refused(exchange(issuer.http, code, verifier, **change), "invalid_grant", saying)
 
 
-def test_an_unknown_code_is_refused(issuer: Issuer) -> None:
+def test_an_unknown_code_is_refused(issuer: RunningIssuer) -> None:
     verifier = secrets.token_urlsafe(32)
     refused(exchange(issuer.http, "made-up", verifier), "invalid_grant", "unknown")
 
@@ -298,7 +301,7 @@ def test_an_unknown_code_is_refused(issuer: Issuer) -> None:
     ],
 )
 def test_a_malformed_token_request_is_refused_and_leaves_the_code(
-    issuer: Issuer, change: dict[str, str | None], error: str, saying: str
+    issuer: RunningIssuer, change: dict[str, str | None], error: str, saying: str
 ) -> None:
     verifier = secrets.token_urlsafe(32)
     code, _ = sign_in(issuer.http, "ada", verifier)
@@ -315,14 +318,14 @@ def test_a_malformed_token_request_is_refused_and_leaves_the_code(
     assert exchange(issuer.http, code, verifier).status_code == 200
 
 
-def test_a_token_request_must_be_a_form(issuer: Issuer) -> None:
+def test_a_token_request_must_be_a_form(issuer: RunningIssuer) -> None:
     verifier = secrets.token_urlsafe(32)
     code, _ = sign_in(issuer.http, "ada", verifier)
     answer = issuer.http.post("/token", json={"code": code, "code_verifier": verifier})
     refused(answer, "invalid_request", "application/x-www-form-urlencoded")
 
 
-def test_an_unknown_person_is_refused_with_a_page_and_no_code(issuer: Issuer) -> None:
+def test_an_unknown_person_is_refused_with_a_page_and_no_code(issuer: RunningIssuer) -> None:
     asked = request(s256(secrets.token_urlsafe(32)))
     refused_page(issuer.http.get("/authorize/approve", params={**asked, "person": "eve"}), "person")
     refused_page(issuer.http.get("/authorize/approve", params=asked), "person")
@@ -330,7 +333,7 @@ def test_an_unknown_person_is_refused_with_a_page_and_no_code(issuer: Issuer) ->
 
 @pytest.mark.parametrize("missing", PARAMETERS)
 def test_an_authorization_request_missing_a_parameter_is_refused_with_a_page(
-    issuer: Issuer, missing: str
+    issuer: RunningIssuer, missing: str
 ) -> None:
     asked = request(s256(secrets.token_urlsafe(32)), **{missing: None})
     refused_page(issuer.http.get("/authorize", params=asked), missing)
@@ -352,13 +355,13 @@ def test_an_authorization_request_missing_a_parameter_is_refused_with_a_page(
     ],
 )
 def test_an_authorization_request_with_a_wrong_parameter_is_refused_with_a_page(
-    issuer: Issuer, parameter: str, value: str
+    issuer: RunningIssuer, parameter: str, value: str
 ) -> None:
     asked = request(s256(secrets.token_urlsafe(32)), **{parameter: value})
     refused_page(issuer.http.get("/authorize", params=asked), parameter)
 
 
-def test_a_repeated_parameter_is_refused(issuer: Issuer) -> None:
+def test_a_repeated_parameter_is_refused(issuer: RunningIssuer) -> None:
     asked = request(s256(secrets.token_urlsafe(32)))
     repeated = httpx.QueryParams(asked).add("redirect_uri", "http://127.0.0.1:9/elsewhere")
     refused_page(issuer.http.get("/authorize", params=repeated), "redirect_uri")
@@ -405,7 +408,7 @@ def test_the_issuers_options_are_checked(tmp_path: Path, options: list[str], say
 
 
 def test_a_coordinator_accepts_the_access_tokens_and_its_policies_apply(
-    issuer: Issuer, services: Services
+    issuer: RunningIssuer, services: Services
 ) -> None:
     auth = {
         "mode": "jwt",
@@ -448,7 +451,7 @@ def test_a_coordinator_accepts_the_access_tokens_and_its_policies_apply(
 
 
 def test_a_token_request_refused_before_its_body_arrived_leaves_the_connection_usable(
-    issuer: Issuer,
+    issuer: RunningIssuer,
 ) -> None:
     """Clients write headers and body apart; a refusal sent in between (here: a JSON body)
     must not leave the connection unable to carry the next request (it timed out once)."""

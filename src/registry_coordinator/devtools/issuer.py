@@ -223,7 +223,7 @@ class Grant:
     spent: bool = False
 
 
-class Issuer:
+class StandInIssuer:
     """The issuer's app and its codes (in memory, lost on restart)."""
 
     def __init__(self, port: int, key_path: Path, audience: str, lifetime: int) -> None:

@@ -1,5 +1,8 @@
-"""The remote CLI: ``coordinator runs ...`` and ``coordinator admission ...`` over HTTP.
+"""The remote CLI's client: ``coordinator runs ...`` and ``coordinator admission ...`` over HTTP.
 
+:mod:`registry_coordinator.cli.remote` parses these commands (the layers: the command
+line may import this module, never the reverse); this module turns one into its request,
+sends it, and says what came back, as text for people or the service's JSON as it is.
 Exit codes: 0 done, 1 refused by the service (a 4xx problem), 2 usage, 3 the
 service is unavailable (no connection, or a 5xx).
 """
@@ -8,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -20,60 +22,10 @@ import httpx
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.errors import ExitCode
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-
-
-def add_arguments(commands: Any) -> None:
-    """The ``runs`` and ``admission`` commands, with their common options."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--url",
-        default=os.environ.get("COORDINATOR_URL", DEFAULT_URL),
-        help="the service (default $COORDINATOR_URL or %(default)s)",
-    )
-    common.add_argument(
-        "--token-file",
-        type=Path,
-        default=os.environ.get("COORDINATOR_TOKEN_FILE"),
-        help="a file holding the bearer token (default $COORDINATOR_TOKEN_FILE)",
-    )
-    common.add_argument("--format", choices=["text", "json"], default="text")
-
-    runs = commands.add_parser("runs", help="start, list, inspect and act on runs")
-    actions = runs.add_subparsers(dest="action", required=True, parser_class=type(runs))
-    start = actions.add_parser("start", parents=[common], help="start a run")
-    start.add_argument("workflow")
-    start.add_argument("--input", required=True, metavar="JSON|@FILE")
-    start.add_argument("--version")
-    start.add_argument("--key", help="the Idempotency-Key (default: a new one, printed)")
-    listing = actions.add_parser("list", parents=[common], help="list runs, newest first")
-    listing.add_argument("--state")
-    listing.add_argument("--workflow")
-    listing.add_argument("--limit", type=int, default=50)
-    listing.add_argument("--cursor")
-    listing.add_argument(
-        "--archived", action="store_true", help="the runs retention archived, with their bundles"
-    )
-    for name, what in (("status", "a run's status"), ("history", "a run's history")):
-        action = actions.add_parser(name, parents=[common], help=what)
-        action.add_argument("run")
-    for name, what in (
-        ("cancel", "cancel a run"),
-        ("retry-same", "resend a held run's sealed request"),
-        ("reconcile", "complete a held call from the product's receipt"),
-    ):
-        action = actions.add_parser(name, parents=[common], help=what)
-        action.add_argument("run")
-        action.add_argument("--reason", required=True)
-
-    admission = commands.add_parser("admission", help="hold or release new starts")
-    changes = admission.add_subparsers(dest="action", required=True, parser_class=type(admission))
-    for name in ("hold", "release"):
-        change = changes.add_parser(name, parents=[common], help=f"{name} admission")
-        change.add_argument("--reason", required=True)
-
 
 def run(args: argparse.Namespace) -> int:
+    """Send the command ``args`` names, as :mod:`registry_coordinator.cli.remote` parsed
+    it, and print the service's answer; the exit code."""
     headers = {}
     if args.token_file is not None:
         try:

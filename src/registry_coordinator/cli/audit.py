@@ -1,0 +1,352 @@
+"""The audit commands: ``coordinator audit verify``, ``export``, ``checkpoint``,
+``public-key`` and ``keygen``.
+
+``verify`` is the auditor's: with ``--bundle`` it needs nothing but the bundle and the
+public key, offline; without, it reads every history in the database, and a history, a
+signed head or a checkpoint that does not hold is a line of its own and exit 1, never
+only a count. A signing key is written once, readable by its owner only, and never
+replaced; a bundle or a checkpoint is written whole or not at all. What the commands are
+given but cannot use is :class:`_AuditUsage`, one line and exit 2, before the database is
+opened where that can be told from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from registry_coordinator.cli.service import configure_logging, run_service
+from registry_coordinator.errors import CoordinatorError, ExitCode
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from registry_coordinator.audit.histories import Verified
+    from registry_coordinator.cli.tree import Commands, Handler
+
+
+def add_commands(commands: Commands) -> None:
+    """Histories against their chains and signed checkpoints; bundles for auditors."""
+    audit = commands.add_parser(
+        "audit", help="verify runs' histories; export a run's bundle; sign checkpoints"
+    )
+    actions = audit.add_subparsers(dest="audit", required=True, metavar="ACTION")
+    verify = actions.add_parser(
+        "verify",
+        help="every history in the database (or one run's), or a bundle offline: exit 0 or 1",
+    )
+    verify.add_argument("--config", type=Path, metavar="FILE", help="the service's configuration")
+    verify.add_argument("--run", type=uuid.UUID, metavar="ID", help="only this run")
+    verify.add_argument(
+        "--since", metavar="INSTANT", help="only runs changed since, e.g. 2026-12-01T00:00:00Z"
+    )
+    verify.add_argument(
+        "--bundle", type=Path, metavar="FILE", help="check this bundle offline (no --config)"
+    )
+    verify.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="FILE",
+        help="the checkpoints' Ed25519 public key, PEM (default: the configured key's)",
+    )
+    verify.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="FILE",
+        help="a checkpoint kept elsewhere (audit checkpoint --out) the database must hold",
+    )
+    export = actions.add_parser("export", help="write one run's bundle, checkable offline")
+    export.add_argument("--config", type=Path, required=True, metavar="FILE")
+    export.add_argument("--run", type=uuid.UUID, required=True, metavar="ID")
+    export.add_argument("--out", type=Path, required=True, metavar="FILE")
+    kept = actions.add_parser(
+        "checkpoint", help="sign the heads that changed now; write the latest checkpoint"
+    )
+    kept.add_argument("--config", type=Path, required=True, metavar="FILE")
+    kept.add_argument("--out", type=Path, metavar="FILE", help="write it here to keep elsewhere")
+    key = actions.add_parser("public-key", help="print the checkpoints' public key (PEM)")
+    key.add_argument("--config", type=Path, required=True, metavar="FILE")
+    keygen = actions.add_parser(
+        "keygen", help="make an Ed25519 signing key for audit.signingKey; print its public key"
+    )
+    keygen.add_argument("--out", type=Path, required=True, metavar="FILE", help="never replaced")
+
+
+def handlers() -> dict[str, Handler]:
+    return {"audit": _audit}
+
+
+def _audit(args: argparse.Namespace) -> int:
+    actions = {
+        "verify": _audit_verify,
+        "export": _audit_export,
+        "checkpoint": _audit_checkpoint,
+        "public-key": _audit_public_key,
+        "keygen": _audit_keygen,
+    }
+    return actions[args.audit](args)
+
+
+class _AuditUsage(CoordinatorError):
+    """``coordinator audit`` was given what it cannot use."""
+
+    exit_code = ExitCode.USAGE
+
+
+def _audit_database(config: Any, work: Callable[[Any], Awaitable[None]]) -> None:
+    """Run ``work`` with the configured database, as the audit commands' one step online."""
+    from registry_coordinator.service import open_database
+
+    async def run() -> None:
+        async with open_database(config, "coordinator/audit") as db:
+            await work(db)
+
+    configure_logging()
+    run_service(run)
+
+
+def _audit_key(config: Any, action: str) -> Any:
+    key = config.audit.signing_key
+    if key is None:
+        raise _AuditUsage(
+            f"audit {action} needs the checkpoints' signing key, and the configuration has no "
+            "audit signingKey: give audit: {signingKey: file:/path/to/audit-key.pem}"
+        )
+    return key
+
+
+def _public_key_file(path: Path) -> Any:
+    from registry_coordinator.semantics.checkpoints import UnusableKey, public_key
+
+    try:
+        return public_key(path.read_bytes())
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read the public key {path}: {exc.strerror}") from None
+    except UnusableKey as exc:
+        raise _AuditUsage(f"the public key {path} cannot be used: {exc}") from None
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    """One line for each history or checkpoint that does not hold (exit 1), or the
+    counts of what was checked (exit 0); with ``--bundle``, what the bundle proves."""
+    if args.bundle is not None:
+        return _verify_bundle(args)
+    return _verify_database(args)
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    """What one bundle proves, checked offline against the public key given."""
+    from registry_coordinator.semantics import bundles
+
+    if args.config or args.run or args.since or args.checkpoint:
+        raise _AuditUsage(
+            "audit verify --bundle checks the bundle alone: give no --config, "
+            "--run, --since or --checkpoint"
+        )
+    if args.public_key is None:
+        raise _AuditUsage(
+            "audit verify --bundle needs --public-key FILE, the key that "
+            "signed its checkpoint (coordinator audit public-key prints it)"
+        )
+    key = _public_key_file(args.public_key)
+    try:
+        data = args.bundle.read_bytes()
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read the bundle {args.bundle}: {exc.strerror}") from None
+    try:
+        proven = bundles.check(data, key)
+    except bundles.Refused as exc:
+        print(f"bundle {args.bundle}: {exc}")
+        print(f"the bundle {args.bundle} does not hold", file=sys.stderr)
+        return ExitCode.INVALID
+    unsigned = proven.events - proven.signed
+    print(
+        f"bundle of run {proven.run}: {proven.events} events chained, the first "
+        f"{proven.signed} under checkpoint {proven.checkpoint} ({proven.checkpoint_at}) "
+        f"signed by the key given" + (f"; the last {unsigned} chained only" if unsigned else "")
+    )
+    print(
+        f"workflow {proven.workflow} {proven.version} ({proven.digest}); last event: {proven.last}"
+    )
+    return ExitCode.OK
+
+
+def _verify_database(args: argparse.Namespace) -> int:
+    """Every history in the database (or one run's) against its chain and the signed heads,
+    and the checkpoints against the key and a checkpoint kept elsewhere, if given."""
+    from registry_coordinator.audit import histories
+    from registry_coordinator.config import load_config
+
+    if args.config is None:
+        raise _AuditUsage("audit verify needs --config FILE (the database) or --bundle FILE")
+    since = None if args.since is None else _since(args.since)
+    config = load_config(args.config)
+    key = None
+    if args.public_key is not None:
+        key = _public_key_file(args.public_key)
+    elif config.audit.signing_key is not None:
+        key = config.audit.signing_key.public_key()
+    kept = None
+    if args.checkpoint is not None:
+        if key is None:
+            raise _AuditUsage("audit verify --checkpoint needs the public key: --public-key FILE")
+        kept = _kept_checkpoint(args.checkpoint, key)
+    found: list[Verified] = []
+
+    async def work(db: Any) -> None:
+        found.append(
+            await histories.verify(db, args.run, since, key, kept, config.retention.directory)
+        )
+
+    _audit_database(config, work)
+    [verified] = found
+    return _report(verified, args.run, key)
+
+
+def _since(text: str) -> datetime:
+    from registry_coordinator.authoring.expressions import parse_instant
+
+    try:
+        return parse_instant(text)
+    except ValueError:
+        raise _AuditUsage(
+            f"audit verify: --since {text!r} is not an RFC 3339 instant, e.g. 2026-12-01T00:00:00Z"
+        ) from None
+
+
+def _report(verified: Verified, run: uuid.UUID | None, key: Any) -> int:
+    """Each break on its line of stdout, then what was verified, or why it does not hold."""
+    for broken in verified.breaks:
+        print(f"run {broken.run}: event {broken.seq}: {broken.why}")
+    for number, why in verified.checkpoint_breaks:
+        print(f"checkpoint {number}: {why}")
+    what = (
+        f"{verified.runs} runs, {verified.events} events, {verified.heads} signed heads, "
+        f"{verified.checkpoints} checkpoints"
+    )
+    if verified.archived:
+        what += f", {verified.archived} archived runs ({verified.bundles} bundles read)"
+    if verified.breaks or verified.checkpoint_breaks:
+        print(f"{what}: the history does not hold", file=sys.stderr)
+        return ExitCode.INVALID
+    if run is not None and verified.runs == 0:
+        print(f"coordinator audit verify: no run {run}", file=sys.stderr)
+        return ExitCode.INVALID
+    if key is None:
+        print(
+            "checkpoint signatures were not checked: no --public-key and no audit signingKey",
+            file=sys.stderr,
+        )
+    print(f"verified {what}: every history holds its chain and its signed heads")
+    return ExitCode.OK
+
+
+def _kept_checkpoint(path: Path, key: Any) -> Any:
+    """A checkpoint kept elsewhere, read and checked against ``key``."""
+    from registry_coordinator.semantics import bundles
+    from registry_coordinator.semantics.chain import parse
+    from registry_coordinator.semantics.checkpoints import signed_by
+
+    try:
+        kept = bundles.read_checkpoint(parse(path.read_bytes()))
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read the checkpoint {path}: {exc.strerror}") from None
+    except (ValueError, RecursionError, bundles.Refused) as exc:
+        raise _AuditUsage(f"the checkpoint {path} is not one: {exc}") from None
+    why = signed_by(kept, key)
+    if why is not None:
+        raise _AuditUsage(f"the checkpoint {path} cannot be trusted: {why}")
+    return kept
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.partial")
+    try:
+        temporary.write_bytes(data)
+        temporary.replace(path)
+    except OSError as exc:
+        raise _AuditUsage(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _audit_export(args: argparse.Namespace) -> int:
+    from registry_coordinator.audit import histories
+    from registry_coordinator.config import load_config
+
+    config = load_config(args.config)
+    key = _audit_key(config, "export")
+    written: list[bytes] = []
+
+    async def work(db: Any) -> None:
+        written.append(await histories.export(db, args.run, key))
+
+    _audit_database(config, work)
+    _write_atomically(args.out, written[0])
+    print(f"wrote the bundle of run {args.run} to {args.out} ({len(written[0])} bytes)")
+    return ExitCode.OK
+
+
+def _audit_checkpoint(args: argparse.Namespace) -> int:
+    from registry_coordinator.audit.checkpointer import checkpoint, stored
+    from registry_coordinator.config import load_config
+    from registry_coordinator.semantics.chain import canonical
+
+    config = load_config(args.config)
+    key = _audit_key(config, "checkpoint")
+    latest: list[Any] = []
+
+    async def work(db: Any) -> None:
+        await checkpoint(db, key)
+        row = await db.row("audit_last_checkpoint")
+        if row is not None:
+            latest.append(stored(row))
+
+    _audit_database(config, work)
+    if not latest:
+        print("there is no checkpoint yet: no run has a history to sign", file=sys.stderr)
+        return ExitCode.INVALID
+    [made] = latest
+    text = canonical(made.as_json()) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        _write_atomically(args.out, text.encode("utf-8"))
+    print(f"checkpoint {made.number} ({made.at}) signs {made.leaves} heads", file=sys.stderr)
+    return ExitCode.OK
+
+
+def _audit_keygen(args: argparse.Namespace) -> int:
+    """A new signing key, readable by its owner only, written where none is; its public
+    key (PEM) on stdout, for auditors."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from registry_coordinator.semantics.checkpoints import public_pem
+
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    try:
+        descriptor = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise _AuditUsage(f"{args.out} exists, and a signing key is never replaced") from None
+    except OSError as exc:
+        raise _AuditUsage(f"cannot write {args.out}: {exc.strerror}") from None
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(pem)
+    sys.stdout.write(public_pem(key.public_key()))
+    return ExitCode.OK
+
+
+def _audit_public_key(args: argparse.Namespace) -> int:
+    from registry_coordinator.config import load_config
+    from registry_coordinator.semantics.checkpoints import public_pem
+
+    key = _audit_key(load_config(args.config), "public-key")
+    sys.stdout.write(public_pem(key.public_key()))
+    return ExitCode.OK

@@ -1,0 +1,81 @@
+"""The operators' commands to a running service: ``coordinator runs ...`` and
+``coordinator admission ...``, their arguments; :mod:`registry_coordinator.http.remote`
+sends them and says what came back.
+
+Every remote command takes the same three options (where the service is, the file holding
+the bearer token, and text or JSON), each defaulting to an environment variable where an
+operator sets it once; nothing here imports httpx, so the other commands never pay for it.
+Exit codes are the client's: 0 done, 1 refused by the service, 2 usage, 3 unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from registry_coordinator.cli.tree import Commands, Handler
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def add_commands(commands: Commands) -> None:
+    """The ``runs`` and ``admission`` commands, with their common options."""
+    runs = commands.add_parser("runs", help="start, list, inspect and act on runs")
+    common = type(runs)(add_help=False)  # a parent only: each command copies its options
+    common.add_argument(
+        "--url",
+        default=os.environ.get("COORDINATOR_URL", DEFAULT_URL),
+        help="the service (default $COORDINATOR_URL or %(default)s)",
+    )
+    common.add_argument(
+        "--token-file",
+        type=Path,
+        default=os.environ.get("COORDINATOR_TOKEN_FILE"),
+        help="a file holding the bearer token (default $COORDINATOR_TOKEN_FILE)",
+    )
+    common.add_argument("--format", choices=["text", "json"], default="text")
+
+    actions = runs.add_subparsers(dest="action", required=True, parser_class=type(runs))
+    start = actions.add_parser("start", parents=[common], help="start a run")
+    start.add_argument("workflow")
+    start.add_argument("--input", required=True, metavar="JSON|@FILE")
+    start.add_argument("--version")
+    start.add_argument("--key", help="the Idempotency-Key (default: a new one, printed)")
+    listing = actions.add_parser("list", parents=[common], help="list runs, newest first")
+    listing.add_argument("--state")
+    listing.add_argument("--workflow")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--cursor")
+    listing.add_argument(
+        "--archived", action="store_true", help="the runs retention archived, with their bundles"
+    )
+    for name, what in (("status", "a run's status"), ("history", "a run's history")):
+        action = actions.add_parser(name, parents=[common], help=what)
+        action.add_argument("run")
+    for name, what in (
+        ("cancel", "cancel a run"),
+        ("retry-same", "resend a held run's sealed request"),
+        ("reconcile", "complete a held call from the product's receipt"),
+    ):
+        action = actions.add_parser(name, parents=[common], help=what)
+        action.add_argument("run")
+        action.add_argument("--reason", required=True)
+
+    admission = commands.add_parser("admission", help="hold or release new starts")
+    changes = admission.add_subparsers(dest="action", required=True, parser_class=type(admission))
+    for name in ("hold", "release"):
+        change = changes.add_parser(name, parents=[common], help=f"{name} admission")
+        change.add_argument("--reason", required=True)
+
+
+def handlers() -> dict[str, Handler]:
+    return {"runs": _remote, "admission": _remote}
+
+
+def _remote(args: argparse.Namespace) -> int:
+    from registry_coordinator.http import remote
+
+    return remote.run(args)

@@ -1,0 +1,147 @@
+"""The service's commands: ``serve``, ``migrate`` and ``doctor``; and how a command runs
+Trio (:func:`run_service`) and sets up its logs (:func:`configure_logging`).
+
+Every command that runs Trio goes through :func:`run_service`, the audit and stand-in
+commands too, so an error of the product's own raised inside a nursery is reported as
+any other, as its one line and its exit code, never as a group's traceback; and every
+command that logs sets its logs up once, before it starts, as ``serve`` does. ``serve``
+refuses what it can before starting anything: the configuration and workflows, every
+problem at once, and a port already taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from registry_coordinator.errors import CoordinatorError, ExitCode
+
+if TYPE_CHECKING:
+    from registry_coordinator.cli.tree import Commands, Handler
+
+
+def add_commands(commands: Commands) -> None:
+    """Running the service, migrating its schema, and looking at what a start needs."""
+    serve = commands.add_parser("serve", help="run the service")
+    serve.add_argument("--config", type=Path, required=True, metavar="FILE")
+    serve.add_argument(
+        "--processes",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run N service processes sharing listen.port, each its own lease holder, "
+        "under one supervisor (about one per core); 1, the default, runs one and no supervisor",
+    )
+    serve.add_argument(
+        "--process-ports",
+        type=_positive,
+        metavar="FIRST",
+        help="with --processes: also serve process k (from 0) alone on port FIRST+k of "
+        "listen.host, its own /metrics and /ready, for scraping each process",
+    )
+    # How a supervisor starts its processes (processes.Supervisor); not for people.
+    serve.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--process-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--supervisor-fd", type=int, help=argparse.SUPPRESS)
+
+    migrate = commands.add_parser("migrate", help="apply pending database schema migrations")
+    migrate.add_argument("--config", type=Path, required=True, metavar="FILE")
+
+    doctor = commands.add_parser(
+        "doctor", help="look at everything a start needs, one line each: exit 0, 1 or 3"
+    )
+    doctor.add_argument("--config", type=Path, required=True, metavar="FILE")
+
+
+def handlers() -> dict[str, Handler]:
+    return {"serve": _serve, "migrate": _migrate, "doctor": _doctor}
+
+
+def run_service(main: Callable[[], Awaitable[None]]) -> int:
+    """Run a Trio entry point. What escapes Trio's nurseries comes wrapped in exception
+    groups, one inside another; an error of the product's own (or Ctrl-C) that came
+    alone is taken out of them, so the command reports it as any other: its one line
+    and its exit code. Anything else keeps its traceback."""
+    import trio
+
+    try:
+        trio.run(main)
+    except BaseExceptionGroup as group:
+        found: BaseException = group
+        while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+            found = found.exceptions[0]
+        if isinstance(found, CoordinatorError | KeyboardInterrupt):
+            raise found from None
+        raise
+    return ExitCode.OK
+
+
+def configure_logging(process: int | None = None) -> None:
+    """Logs on stderr (text on a terminal, JSON lines otherwise), as ``process`` of a
+    supervisor's where it is one."""
+    from registry_coordinator.observability.logs import configure
+
+    configure(process)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from registry_coordinator.addresses import require_free
+    from registry_coordinator.engine.workflows import load_service
+    from registry_coordinator.service import Seat, serve
+
+    configure_logging(args.child)
+    config, workflows = load_service(args.config)  # every problem of every stage at once
+    if args.child is not None:  # a supervisor's process: the supervisor checked the rest
+        seat = Seat.child(args.child, args.listen_fd, args.supervisor_fd, args.process_fd)
+        return run_service(lambda: serve(config, workflows, seat))
+    if args.processes > 1:
+        from registry_coordinator.processes import Supervisor
+
+        return run_service(Supervisor(config, args.processes, args.process_ports).run)
+    if args.process_ports is not None:
+        print(
+            "coordinator serve: --process-ports is for --processes 2 or more: one process "
+            "alone is reached on listen.port",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    where = f"listen.host, listen.port in {config.file}"
+    require_free(config.host, config.port, where, "give listen.port another port")
+    return run_service(lambda: serve(config, workflows))
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from registry_coordinator.doctor import doctor
+
+    return doctor(args.config)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from registry_coordinator.config import load_config
+    from registry_coordinator.service import open_database_unchecked
+    from registry_coordinator.store.migrations import check_server, migrate
+
+    configure_logging()
+    config = load_config(args.config)
+
+    async def run() -> None:
+        async with open_database_unchecked(config) as db:
+            await check_server(db)
+            applied = await migrate(db)
+            for migration in applied:
+                print(f"applied {migration.version:04d} {migration.name}")
+            if not applied:
+                print("the schema is current")
+
+    return run_service(run)
