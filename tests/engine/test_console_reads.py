@@ -21,27 +21,11 @@ from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Held, Request, Send, on_due, settle
 from registry_coordinator.store import console_reads, operator_actions
 from registry_coordinator.store.database import Database
-from tests.harness import TEST_WORKFLOWS, breg_record, database, reply
+from tests.support import TEST_WORKFLOWS, breg_record, database, reply
 
 LEASE = timedelta(seconds=30)
 #: A cursor before which every run was admitted: the listing's first page.
 FIRST_PAGE = (datetime.max.replace(tzinfo=UTC), uuid.UUID(int=0))
-#: What held_runs adds to a listed run: its step's latest sending, and a late answer.
-SENDING = (
-    "exec_attempt",
-    "method",
-    "url",
-    "idempotency_key",
-    "sealed_at",
-    "dispatched_at",
-    "settled_at",
-    "exec_status",
-    "exec_outcome",
-    "response",
-    "late_attempt",
-    "late_status",
-    "late_at",
-)
 
 
 def record_id(key: str) -> str:
@@ -116,7 +100,7 @@ async def held_unsent(db: Database, pinned: Pinned, caller: str, key: str) -> uu
 
 
 async def listed(db: Database, which: store.RunFilter) -> list[uuid.UUID]:
-    return [row["id"] for row in await store.runs_page(db, which, FIRST_PAGE, 100)]
+    return [run.id for run in await store.runs_page(db, which, FIRST_PAGE, 100)]
 
 
 def anyone(**asked: Any) -> store.RunFilter:
@@ -167,9 +151,9 @@ async def test_runs_are_listed_by_when_they_were_admitted_from_since_until_befor
         runs = [await start(db, act, "test", key, {"recordId": key}) for key in "abc"]
         at = []
         for run in runs:
-            row = await store.status(db, run)
-            assert row is not None
-            at.append(row["admitted_at"])
+            status = await store.status(db, run)
+            assert status is not None
+            at.append(status.admitted_at)
         first, second, third = runs
         assert await listed(db, anyone(since=at[1])) == [third, second]
         assert await listed(db, anyone(until=at[1])) == [first]
@@ -239,43 +223,42 @@ async def test_held_runs_come_oldest_first_with_their_steps_latest_sending_as_th
         await start(db, act, "alice", "running", {"recordId": "running"})
 
         everything = await console_reads.held_runs(db, None, None)
-        assert [row["id"] for row in everything] == [acting.id, unsent, lost.id]
-        first, second, third = everything
-        assert (first["state"], first["step"], first["hold_code"]) == (
-            "held",
+        assert [held.run.id for held in everything] == [acting.id, unsent, lost.id]
+        first, second, third = (held.run for held in everything)
+        first_sent, second_sent, third_sent = (held.sending for held in everything)
+        assert (first.state, first.step, first.hold_code) == (
+            RunState.HELD,
             "act",
             HoldCode.OUTCOME_UNKNOWN,
         )
-        assert first["version"] == "1" and first["caller"] == "alice"
-        sent = {key: first[key] for key in ("exec_attempt", "method", "url", "idempotency_key")}
-        assert sent == {
-            "exec_attempt": 1,
-            "method": mutation.method,
-            "url": url("act"),
-            "idempotency_key": mutation.idempotency_key,
-        }
+        assert first.version == "1" and first.caller == "alice"
+        assert first_sent is not None
+        sent = (first_sent.attempt, first_sent.method, first_sent.url, first_sent.idempotency_key)
+        assert sent == (1, mutation.method, url("act"), mutation.idempotency_key)
         assert mutation.idempotency_key is not None
-        assert first["sealed_at"] == first["dispatched_at"] is not None
-        assert first["settled_at"] is not None
-        assert (first["exec_status"], first["exec_outcome"]) == (502, "response")
-        assert bytes(first["response"]) == b"bad gateway"
-        assert first["late_attempt"] is None
+        assert first_sent.sealed_at == first_sent.dispatched_at is not None
+        assert first_sent.settled_at is not None
+        assert (first_sent.status, first_sent.outcome) == (502, "response")
+        assert first_sent.response == b"bad gateway"
+        assert first.late_attempt is None
 
-        assert second["hold_code"] == HoldCode.PRODUCT_FORBIDDEN
-        assert {key: second[key] for key in SENDING} == dict.fromkeys(SENDING)
+        assert second.hold_code is HoldCode.PRODUCT_FORBIDDEN
+        assert second_sent is None
+        assert (second.late_attempt, second.late_status, second.late_at) == (None, None, None)
 
-        assert third["hold_code"] == HoldCode.ENGINE_DEFECT
-        assert (third["exec_attempt"], third["url"]) == (1, url("invoke"))
-        assert third["idempotency_key"] == lost_request.idempotency_key
-        assert (third["exec_status"], third["exec_outcome"], third["response"]) == (
+        assert third.hold_code is HoldCode.ENGINE_DEFECT
+        assert third_sent is not None
+        assert (third_sent.attempt, third_sent.url) == (1, url("invoke"))
+        assert third_sent.idempotency_key == lost_request.idempotency_key
+        assert (third_sent.status, third_sent.outcome, third_sent.response) == (
             None,
             "defect",
             None,
         )
-        assert (third["late_attempt"], third["late_status"]) == (1, 200)
-        assert third["late_at"] is not None
+        assert (third.late_attempt, third.late_status) == (1, 200)
+        assert third.late_at is not None
 
-        assert [row["id"] for row in await console_reads.held_runs(db, None, None, 2)] == [
+        assert [held.run.id for held in await console_reads.held_runs(db, None, None, 2)] == [
             acting.id,
             unsent,
         ]
@@ -286,8 +269,8 @@ async def test_held_runs_come_oldest_first_with_their_steps_latest_sending_as_th
             ("bob", frozenset({"bench-four"})): [],
         }
         for (caller, readable), ids in visible.items():
-            rows = await console_reads.held_runs(db, caller, readable)
-            assert [row["id"] for row in rows] == ids, (caller, readable)
+            shown = await console_reads.held_runs(db, caller, readable)
+            assert [held.run.id for held in shown] == ids, (caller, readable)
             assert await console_reads.held_count(db, caller, readable) == len(ids)
         assert await console_reads.held_count(db, None, None) == 3
 
@@ -308,23 +291,24 @@ async def test_a_runs_record_and_its_call_attempts_in_the_order_they_were_sealed
         assert await console_reads.run_detail(db, uuid.uuid4()) is None
         assert await console_reads.executions(db, uuid.uuid4()) == []
     assert detail is not None
-    assert set(detail) == {"input", "start_key", "completed", "outputs"}
-    assert detail["input"] == {"recordId": record_id("app-1")} and detail["start_key"] == "app-1"
-    assert set(detail["completed"]) == {"read", "decide"}
-    assert detail["outputs"]["read"]["data"]["domainData"] == {"status": "awaiting-review"}
-    assert [(a["step"], a["attempt"], a["method"]) for a in attempts] == [
+    assert detail.input == {"recordId": record_id("app-1")} and detail.start_key == "app-1"
+    assert set(detail.completed) == {"read", "decide"}
+    assert detail.outputs["read"]["data"]["domainData"] == {"status": "awaiting-review"}
+    sendings = [a.sending for a in attempts]
+    assert [(a.step, s.attempt, s.method) for a, s in zip(attempts, sendings, strict=True)] == [
         ("read", 1, read.method),
         ("act", 1, mutation.method),
     ]
-    assert [(a["status"], a["outcome"], bytes(a["response"])) for a in attempts] == [
+    assert [(s.status, s.outcome, s.response) for s in sendings] == [
         (200, "response", AWAITING_REVIEW),
         (502, "response", b"bad gateway"),
     ]
-    assert attempts[0]["sealed_at"] < attempts[1]["sealed_at"]
-    assert attempts[1]["url"] == url("act")
-    assert attempts[1]["idempotency_key"] == mutation.idempotency_key
-    assert all(a["dispatched_at"] and a["settled_at"] for a in attempts)
-    assert [(a["late_status"], a["late_at"]) for a in attempts] == [(None, None)] * 2
+    assert sendings[0].sealed_at < sendings[1].sealed_at
+    assert sendings[1].url == url("act")
+    assert sendings[1].idempotency_key == mutation.idempotency_key
+    assert all(s.dispatched_at and s.settled_at for s in sendings)
+    assert [(a.late_status, a.late_at) for a in attempts] == [(None, None)] * 2
+    assert attempts[1].body is not None and attempts[0].body is None
 
 
 @pytest.mark.trio
@@ -350,7 +334,7 @@ async def test_runs_are_counted_by_definition_and_state_ended_ones_too(dsn: str)
 async def test_admission_and_its_latest_changes_newest_first(dsn: str) -> None:
     async with database(dsn) as db:
         never = await console_reads.admission(db)
-        assert never is not None and not never["held"] and never["actor"] == "coordinator"
+        assert never is not None and not never.held and never.actor == "coordinator"
         assert await console_reads.admission_events(db) == []
         changes = [
             (True, "ops-1", "maintenance"),
@@ -363,7 +347,7 @@ async def test_admission_and_its_latest_changes_newest_first(dsn: str) -> None:
         latest = await console_reads.admission_events(db, limit=2)
         every = await console_reads.admission_events(db)
     assert now is not None
-    assert (now["held"], now["actor"], now["reason"]) == (True, "ops-3", "again")
-    assert [(e["held"], e["actor"], e["reason"]) for e in latest] == changes[:0:-1]
-    assert [(e["held"], e["actor"], e["reason"]) for e in every] == changes[::-1]
-    assert now["at"] == every[0]["at"] > every[1]["at"] > every[2]["at"]
+    assert (now.held, now.actor, now.reason) == (True, "ops-3", "again")
+    assert [(e.held, e.actor, e.reason) for e in latest] == changes[:0:-1]
+    assert [(e.held, e.actor, e.reason) for e in every] == changes[::-1]
+    assert now.at == every[0].at > every[1].at > every[2].at

@@ -12,7 +12,7 @@ import pytest
 
 from registry_coordinator.store import sessions
 from registry_coordinator.store.database import sync_connection
-from tests.harness import database
+from tests.support import database
 
 LIFETIME = timedelta(minutes=10)
 
@@ -38,13 +38,13 @@ async def test_a_sign_in_is_taken_once(dsn: str) -> None:
         again = await sessions.take_login(db, login)
         unknown = await sessions.take_login(db, key())
     assert first is not None
-    assert {k: first[k] for k in ("state", "nonce", "verifier", "return_to")} == {
-        "state": "st-1",
-        "nonce": "no-1",
-        "verifier": "ve-1",
-        "return_to": "/console/runs",
-    }
-    assert first["expires_at"] > datetime.now(UTC)
+    assert (first.state, first.nonce, first.verifier, first.return_to) == (
+        "st-1",
+        "no-1",
+        "ve-1",
+        "/console/runs",
+    )
+    assert first.expires_at > datetime.now(UTC)
     assert again is None and unknown is None
     assert kept(dsn, "console_logins") == 0
 
@@ -74,14 +74,14 @@ async def test_a_session_is_returned_until_it_expires_or_is_closed(dsn: str) -> 
         closed = await sessions.session(db, signed_in)
         still = await sessions.session(db, other)
     assert found is not None
-    assert (found["access_token"], found["csrf"], found["subject"]) == (
+    assert (found.access_token, found.csrf, found.subject) == (
         "token-1",
         "csrf-1",
         "alice",
     )
-    assert found["expires_at"] == until and found["created_at"] <= datetime.now(UTC)
+    assert found.expires_at == until and found.created_at <= datetime.now(UTC)
     assert closed is None
-    assert still is not None and still["subject"] == "bob"
+    assert still is not None and still.subject == "bob"
 
 
 @pytest.mark.trio

@@ -23,7 +23,7 @@ from registry_coordinator.semantics.steps import (
     settle,
 )
 from registry_coordinator.store.database import Database, sync_connection
-from tests.harness import TEST_WORKFLOWS, admit, breg_record, database, events
+from tests.support import TEST_WORKFLOWS, admit, breg_record, database, events
 
 LEASE = timedelta(seconds=30)
 
@@ -136,7 +136,7 @@ async def test_a_run_state_is_sent_as_its_text(dsn: str) -> None:
         latest = (datetime.max.replace(tzinfo=UTC), uuid.UUID(int=0))
         waiting = store.RunFilter(None, None, state=RunState.WAITING)
         listed = await store.runs_page(db, waiting, latest, 10)
-    assert [row["id"] for row in listed] == [run.id]
+    assert [listed_run.id for listed_run in listed] == [run.id]
     with sync_connection(dsn) as conn:
         row = conn.execute("SELECT %s AS sent, state FROM runs", (RunState.WAITING,)).fetchone()
     assert row == {"sent": "waiting", "state": "waiting"}

@@ -32,7 +32,7 @@ from registry_coordinator.http.operations import require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import authenticated, body_json, json_response
 from registry_coordinator.store import operator_actions
-from registry_coordinator.store.database import Database, Row
+from registry_coordinator.store.database import Database
 
 START_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 #: The most starts one batch may carry: what one statement admits in well under a second.
@@ -44,7 +44,7 @@ _START_FIELDS = frozenset({"workflow", "version", "input"})
 class Started:
     run_id: str
     created: bool
-    row: Row  # the run's status as it stood when admitted or found (``runs.run_status``)
+    run: store.RunStatus  # as it stood when admitted or found (``runs.run_status``)
 
 
 def _start_key(start_key: str | None) -> str:
@@ -123,7 +123,7 @@ def _refusal(refused: store.KeyReused | store.StartArchived | store.AdmissionHel
             503, "admission.held", f"new runs are not admitted: {refused.reason} ({refused.actor})"
         )
     if isinstance(refused, store.StartArchived):
-        return gone(refused.row)
+        return gone(refused.run)
     return Problem(
         409,
         "run.key-reused",
@@ -134,7 +134,7 @@ def _refusal(refused: store.KeyReused | store.StartArchived | store.AdmissionHel
 
 
 def _started(admitted: store.Admitted) -> Started:
-    return Started(str(admitted.run_id), admitted.created, admitted.row)
+    return Started(str(admitted.run_id), admitted.created, admitted.run)
 
 
 async def start(

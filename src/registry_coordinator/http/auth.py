@@ -34,7 +34,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import jwt
@@ -42,6 +41,7 @@ import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.config import ACTIONS, MINIMUM_JWKS_REFRESH, AuthConfig, Policy
 from registry_coordinator.http.problems import Problem
@@ -151,12 +151,12 @@ class KeySet:
             )
         return self._keys.get(key_id)
 
-    async def check(self) -> dict[str, Any]:
+    async def check(self) -> dict[str, JSON]:
         """Read the set now, once, and say how it stands (``coordinator doctor``)."""
         await self._refresh()
         return self.readiness()
 
-    def readiness(self) -> dict[str, Any]:
+    def readiness(self) -> dict[str, JSON]:
         """The key set's part of /ready: ok while a set with keys was read recently enough
         to be trusted (never before the first good read)."""
         trusted = self._trusted()
@@ -278,13 +278,13 @@ class Authenticator:
             return
         await self.keys.run(task_status=task_status)
 
-    def readiness(self) -> dict[str, Any]:
+    def readiness(self) -> dict[str, JSON]:
         """The key set's part of /ready (:meth:`KeySet.readiness`); always ok in mode none."""
         if self.config.mode == "none":
             return {"ok": True, "keys": 0, "refreshedAt": None, "detail": "auth mode none"}
         return self.keys.readiness()
 
-    async def verify(self, token: str, audience: str | None) -> dict[str, Any]:
+    async def verify(self, token: str, audience: str | None) -> dict[str, JSON]:
         """The claims of a JWT the configured issuer signed for ``audience``, checked:
         algorithm, key, signature, issuer, audience, expiry; a 401 Problem saying which
         check failed otherwise. Access tokens and the console's ID tokens both pass here."""
@@ -361,7 +361,7 @@ class Authenticator:
         return Caller(client, policies, subject if isinstance(subject, str) else None)
 
 
-def _scopes(claims: dict[str, Any]) -> frozenset[str]:
+def _scopes(claims: dict[str, JSON]) -> frozenset[str]:
     scope = claims.get("scope", claims.get("scp", ""))
     if isinstance(scope, str):
         return frozenset(scope.split())

@@ -32,8 +32,8 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import TERMINAL, RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Request, detail
 from registry_coordinator.store import operator_actions
-from registry_coordinator.store.database import Database, Row
-from registry_coordinator.store.operator_actions import LockedRun
+from registry_coordinator.store.database import Database
+from registry_coordinator.store.operator_actions import LockedRun, OperatorRun
 
 MAX_REASON = 1000
 
@@ -60,7 +60,7 @@ async def _locked(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun]:
 @asynccontextmanager
 async def _held(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun]:
     async with _locked(db, run_id) as locked:
-        state = locked.run["state"]
+        state = locked.run.state
         if state != RunState.HELD:
             raise Problem(409, "run.not-held", f"the run is {state}, not held")
         yield locked
@@ -69,11 +69,11 @@ async def _held(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun]:
 async def cancel(db: Database, run_id: uuid.UUID, actor: str, reason: str) -> bool:
     """Cancel a run now, or — with a call in flight — once that call settles (False)."""
     async with _locked(db, run_id) as locked:
-        state = locked.run["state"]
+        state = locked.run.state
         if state in TERMINAL:
             raise Problem(409, "run.ended", f"the run already ended {state}")
         event = {"reason": reason}
-        if locked.run["dispatched_at"] is not None:
+        if locked.run.dispatched_at is not None:
             await locked.note("cancel-requested", actor, event, cancel=True)
             return False
         await locked.cancel(actor, f"cancelled: {reason}", event)
@@ -86,7 +86,7 @@ async def retry_same(
     """Make a held run take its step again: a call resends its sealed request, byte for
     byte, with its original key (or, if it never sealed one, sends it for the first time)."""
     async with _held(db, run_id) as locked:
-        await locked.resume(actor, {"reason": reason, "held": locked.run["hold_code"]})
+        await locked.resume(actor, {"reason": reason, "held": locked.run.hold_code})
     timer.runnable()
 
 
@@ -146,7 +146,7 @@ async def _evidence(
     if evidence is None or not evidence.confirmed:
         late = await store.late_answer(db, run_id, step.id)
         if late is not None:
-            answer = Reply(ReplyKind.RESPONSE, late["late_status"], bytes(late["late_response"]))
+            answer = Reply(ReplyKind.RESPONSE, late.status, late.response)
             evidence = replace(
                 _judge("late-answer", definition, operation, answer),
                 unresolved=evidence.unresolved if evidence else False,
@@ -159,7 +159,7 @@ class Found:
     """What reconcile finds for a held call, before it records anything: the run as judged
     held, its step, the original key, and the product's evidence."""
 
-    run: Row
+    run: OperatorRun
     step: Call
     key: str
     evidence: Evidence
@@ -176,7 +176,7 @@ async def find_evidence(
     async with _held(db, run_id) as locked:
         run = locked.run
     try:
-        definition = await workflows.by_digest(db, run["digest"])
+        definition = await workflows.by_digest(db, run.digest)
     except (LookupError, Refused) as unusable:
         raise Problem(
             409,
@@ -184,13 +184,13 @@ async def find_evidence(
             f"this build cannot load the run's definition ({unusable}), so it cannot judge "
             "the product's evidence: run a build that can, or retry-same or cancel",
         ) from None
-    step = definition.step(run["step"])
-    found = await store.sealed_at(db, run_id, run["step"])
+    step = definition.step(run.step)
+    found = await store.sealed_at(db, run_id, run.step)
     if not isinstance(step, Call) or found is None:
         raise Problem(
             409,
             "run.nothing-to-resend",
-            f"the run is held at {run['step']}, where no request was sent: retry-same "
+            f"the run is held at {run.step}, where no request was sent: retry-same "
             "takes the step again, or cancel",
         )
     sealed = found.request
@@ -226,7 +226,13 @@ async def reconcile(
 
 
 async def _record(
-    db: Database, run: Row, step: Call, evidence: Evidence, key: str, actor: str, reason: str
+    db: Database,
+    run: OperatorRun,
+    step: Call,
+    evidence: Evidence,
+    key: str,
+    actor: str,
+    reason: str,
 ) -> None:
     """Record what reconcile found: the step completed on confirming evidence; otherwise
     the attempt in history, and the refusal that says why the run stays held."""
@@ -238,8 +244,8 @@ async def _record(
     }
     if evidence.lookup is not None:
         event["receiptLookup"] = evidence.lookup
-    async with _locked(db, run["id"]) as current:
-        if current.run["seq"] != run["seq"]:
+    async with _locked(db, run.id) as current:
+        if current.run.seq != run.seq:
             raise Problem(409, "run.changed", "the run changed meanwhile; look again")
         if evidence.confirmed:
             await current.complete(step.id, step.next, evidence.body, actor, event)

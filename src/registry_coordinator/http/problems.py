@@ -7,8 +7,7 @@ refused this way has changed nothing.
 
 from __future__ import annotations
 
-from typing import Any
-
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.errors import CoordinatorError
 
 #: The closed list of problem codes the HTTP API answers with, and what each means.
@@ -74,7 +73,7 @@ CODES: dict[str, str] = {
 
 
 class Problem(CoordinatorError):
-    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+    def __init__(self, status: int, code: str, detail: str, **extra: JSON) -> None:
         if code not in CODES:
             raise ValueError(f"problem code {code!r} is not in the closed list")
         super().__init__(detail)

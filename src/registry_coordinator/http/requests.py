@@ -16,12 +16,12 @@ from datetime import datetime
 
 from quart import Response, request
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
 from registry_coordinator.authoring.expressions import format_instant, parse_instant
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.store.database import Row
 
 PROBLEM_TYPE = "https://registrystack.org/problems/coordinator/"
 #: Seconds a client is asked to wait before trying again a request refused with 503: about
@@ -134,8 +134,9 @@ def cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
         ) from None
 
 
-def next_cursor(row: Row) -> str:
-    raw = json.dumps([format_instant(row["admitted_at"]), str(row["id"])]).encode()
+def next_cursor(run: store.RunStatus | store.ArchivedRun) -> str:
+    """The cursor of the page after the one ``run`` is the last of."""
+    raw = json.dumps([format_instant(run.admitted_at), str(run.id)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

@@ -9,8 +9,9 @@ status as it stands after the action.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from quart import Response, request
 
@@ -34,40 +35,40 @@ from registry_coordinator.http.requests import (
 )
 from registry_coordinator.observability import tracing
 from registry_coordinator.semantics.codes import RunState
-from registry_coordinator.store.database import Row
+
+#: What a listing lists: live runs, or archived ones.
+Listed = TypeVar("Listed", store.RunStatus, store.ArchivedRun)
 
 
-def run_status(row: Row) -> JSON:
+def run_status(run: store.RunStatus) -> JSON:
     """A run's status as the API shows it."""
     return {
-        "id": str(row["id"]),
-        "workflow": {"id": row["workflow_id"], "version": row["version"], "digest": row["digest"]},
-        "caller": row["caller"],
-        "state": row["state"],
-        "step": row["step"],
-        "outcome": row["outcome"],
-        "output": row["output"],
-        "failure": {"code": row["failure_code"], "detail": row["detail"]}
-        if row["failure_code"]
-        else None,
-        "hold": _hold(row) if row["hold_code"] else None,
-        "admittedAt": instant(row["admitted_at"]),
-        "deadlineAt": instant(row["deadline_at"]),
-        "updatedAt": instant(row["updated_at"]),
-        "endedAt": instant(row["ended_at"]),
-        "head": row["head"],
+        "id": str(run.id),
+        "workflow": {"id": run.workflow_id, "version": run.version, "digest": run.digest},
+        "caller": run.caller,
+        "state": run.state,
+        "step": run.step,
+        "outcome": run.outcome,
+        "output": run.output,
+        "failure": {"code": run.failure_code, "detail": run.detail} if run.failure_code else None,
+        "hold": _hold(run) if run.hold_code else None,
+        "admittedAt": instant(run.admitted_at),
+        "deadlineAt": instant(run.deadline_at),
+        "updatedAt": instant(run.updated_at),
+        "endedAt": instant(run.ended_at),
+        "head": run.head,
     }
 
 
-def _hold(row: Row) -> JSON:
+def _hold(run: store.RunStatus) -> JSON:
     """Why a run is held, and the product's answer if one came back after its claim on
     the run was lost (the evidence ``reconcile`` uses)."""
-    hold: JSON = {"code": row["hold_code"], "detail": row["detail"]}
-    if row["late_status"] is not None:
+    hold: JSON = {"code": run.hold_code, "detail": run.detail}
+    if run.late_status is not None:
         hold["lateAnswer"] = {
-            "attempt": row["late_attempt"],
-            "status": row["late_status"],
-            "at": instant(row["late_at"]),
+            "attempt": run.late_attempt,
+            "status": run.late_status,
+            "at": instant(run.late_at),
         }
     return hold
 
@@ -83,32 +84,32 @@ def _run_id(text: str) -> uuid.UUID:
         raise _not_found(text) from None
 
 
-async def visible_run(context: Context, who: Caller, run_id: str, action: str) -> Row:
+async def visible_run(context: Context, who: Caller, run_id: str, action: str) -> store.RunStatus:
     """A run the caller may see (its own, or any for an operator) and may take ``action``
     on: its token's policies must cover the run's workflow, as they did its start."""
     who.require(action)
-    row = await store.status(context.db, _run_id(run_id))
-    if row is None:
-        row = await store.archived(context.db, _run_id(run_id))
-        if row is None or not (who.operator or row["caller"] == who.client):
+    run = await store.status(context.db, _run_id(run_id))
+    if run is None:
+        archived = await store.archived(context.db, _run_id(run_id))
+        if archived is None or not (who.operator or archived.caller == who.client):
             raise _not_found(run_id)
-        who.require(action, row["workflow_id"])
-        raise gone(row)
-    if not (who.operator or row["caller"] == who.client):
+        who.require(action, archived.workflow_id)
+        raise gone(archived)
+    if not (who.operator or run.caller == who.client):
         raise _not_found(run_id)
-    who.require(action, row["workflow_id"])
-    return row
+    who.require(action, run.workflow_id)
+    return run
 
 
-async def _current(context: Context, run_id: uuid.UUID) -> Row:
+async def _current(context: Context, run_id: uuid.UUID) -> store.RunStatus:
     """The run as it stands now, after an action on it: 410 if it was archived meanwhile
     (the run, long ended, left for its bundle)."""
-    row = await store.status(context.db, run_id)
-    if row is None:
+    run = await store.status(context.db, run_id)
+    if run is None:
         archived = await store.archived(context.db, run_id)
         assert archived is not None  # runs leave the hot tables only for archived_runs
         raise gone(archived)
-    return row
+    return run
 
 
 def _refuse_if_stopping(context: Context) -> None:
@@ -141,10 +142,10 @@ async def start(context: Context) -> Response:
         tracing.accepted(request.headers),
     )
     if started.created:
-        context.metrics.runs_started.labels(started.row["workflow_id"]).inc()
+        context.metrics.runs_started.labels(started.run.workflow_id).inc()
     status = 201 if started.created else 200
     headers = {"Location": f"/v1/runs/{started.run_id}"}
-    return json_response(run_status(started.row), status, headers)
+    return json_response(run_status(started.run), status, headers)
 
 
 async def start_batch(context: Context) -> Response:
@@ -178,9 +179,9 @@ async def start_batch(context: Context) -> Response:
             )
             continue
         if outcome.created:
-            context.metrics.runs_started.labels(outcome.row["workflow_id"]).inc()
+            context.metrics.runs_started.labels(outcome.run.workflow_id).inc()
         status = 201 if outcome.created else 200
-        results.append({"key": key, "status": status, "run": run_status(outcome.row)})
+        results.append({"key": key, "status": status, "run": run_status(outcome.run)})
     return json_response({"results": results})
 
 
@@ -222,11 +223,14 @@ async def listing(context: Context) -> Response:
     which = store.RunFilter(caller=caller, readable=readable, state=state, workflow=workflow)
     after = cursor(request.args.get("cursor"))
     if archived == "true":
-        rows = await store.archived_page(context.db, which, after, limit + 1)
-        shown = archived_status
-    else:
-        rows = await store.runs_page(context.db, which, after, limit + 1)
-        shown = run_status
+        gone_runs = await store.archived_page(context.db, which, after, limit + 1)
+        return _page(gone_runs, limit, archived_status)
+    return _page(await store.runs_page(context.db, which, after, limit + 1), limit, run_status)
+
+
+def _page(rows: Sequence[Listed], limit: int, shown: Callable[[Listed], JSON]) -> Response:
+    """A listing's page: up to ``limit`` of ``rows`` as ``shown``, and the cursor of the
+    next page if there are more (``rows`` holds one more run than the page, if any)."""
     page = rows[:limit]
     more = len(rows) > limit
     return json_response(
@@ -241,20 +245,20 @@ async def status(context: Context, run_id: str) -> Response:
 
 async def history(context: Context, run_id: str) -> Response:
     who = await authenticated(context)
-    row = await visible_run(context, who, run_id, "read")
-    events = await store.history(context.db, row["id"])
+    run = await visible_run(context, who, run_id, "read")
+    events = await store.history(context.db, run.id)
     return json_response(
         {
-            "run": str(row["id"]),
+            "run": str(run.id),
             "events": [
                 {
-                    "seq": e["seq"],
-                    "at": format_instant(e["at"]),
-                    "kind": e["kind"],
-                    "step": e["step"],
-                    "actor": e["actor"],
-                    "detail": e["detail"],
-                    "hash": e["hash"],
+                    "seq": e.seq,
+                    "at": format_instant(e.at),
+                    "kind": e.kind,
+                    "step": e.step,
+                    "actor": e.actor,
+                    "detail": e.detail,
+                    "hash": e.hash,
                 }
                 for e in events
             ],
@@ -270,25 +274,26 @@ class Action:
 
     permission: str
     operator: bool
-    take: Callable[[Context, Row, str, str], Awaitable[int]]  # (context, run, actor, reason)
+    #: What it does, with (context, run, actor, reason): the status of its outcome.
+    take: Callable[[Context, store.RunStatus, str, str], Awaitable[int]]
 
 
-async def _cancel(context: Context, row: Row, actor: str, reason: str) -> int:
+async def _cancel(context: Context, run: store.RunStatus, actor: str, reason: str) -> int:
     """Cancel the run (200), or, with a call in flight, once that call settles (202)."""
-    if not await operations.cancel(context.db, row["id"], actor, reason):
+    if not await operations.cancel(context.db, run.id, actor, reason):
         return 202
-    context.metrics.ended(row["workflow_id"], RunState.CANCELLED, "")
+    context.after.cancelled(run.workflow_id)
     return 200
 
 
-async def _retry_same(context: Context, row: Row, actor: str, reason: str) -> int:
-    await operations.retry_same(context.db, context.timer, row["id"], actor, reason)
+async def _retry_same(context: Context, run: store.RunStatus, actor: str, reason: str) -> int:
+    await operations.retry_same(context.db, context.timer, run.id, actor, reason)
     return 200
 
 
-async def _reconcile(context: Context, row: Row, actor: str, reason: str) -> int:
+async def _reconcile(context: Context, run: store.RunStatus, actor: str, reason: str) -> int:
     await operations.reconcile(
-        context.db, context.workflows, context.products, context.timer, row["id"], actor, reason
+        context.db, context.workflows, context.products, context.timer, run.id, actor, reason
     )
     return 200
 
@@ -310,7 +315,7 @@ def may_take(who: Caller, name: str, workflow: str) -> bool:
 
 async def act(
     context: Context, who: Caller, run_id: str, name: str, body: Callable[[], Awaitable[JSON]]
-) -> tuple[Row, int]:
+) -> tuple[store.RunStatus, int]:
     """Take the action ``name`` on a run for ``who``, with the reason in the request's
     ``body``: the caller checked an operator if the action needs one, then the run, then the
     body and its reason, in the order a refusal names them. The run as it stands after, and
@@ -318,16 +323,16 @@ async def act(
     action = ACTIONS[name]
     if action.operator:
         who.require_operator()
-    row = await visible_run(context, who, run_id, action.permission)
+    run = await visible_run(context, who, run_id, action.permission)
     reason = operations.require_reason(await body())
-    status = await action.take(context, row, who.actor, reason)
-    return await _current(context, row["id"]), status
+    status = await action.take(context, run, who.actor, reason)
+    return await _current(context, run.id), status
 
 
 async def _api_action(context: Context, run_id: str, name: str) -> Response:
     who = await authenticated(context)
-    row, status = await act(context, who, run_id, name, body_json)
-    return json_response(run_status(row), status)
+    run, status = await act(context, who, run_id, name, body_json)
+    return json_response(run_status(run), status)
 
 
 async def cancel(context: Context, run_id: str) -> Response:

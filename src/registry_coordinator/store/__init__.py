@@ -6,7 +6,7 @@ that admit, claim, transition and read runs. Nothing here starts a task or sends
 request: the engine above decides, the store writes what it decided in one short
 transaction. The face callers use is this package (``store.commit``, ``store.Claimed``):
 :mod:`runs` and the modules it re-exports (:mod:`claims`, :mod:`leases`,
-:mod:`statements`) behind it.
+:mod:`statements`, and the typed records of its reads, :mod:`records`) behind it.
 """
 
 from registry_coordinator.store.runs import *  # noqa: F403  (the face: runs.__all__)

@@ -5,13 +5,129 @@ The console's pages are the HTTP layer's, which runs no statement of its own; ev
 a page needs is here, each one named query of ``sql/queries.sql``. Reads that list runs
 show a caller exactly what the API's listing would (:class:`store.RunFilter`'s ``caller``
 and ``readable``: None is no limit), so the console never shows more than the API.
+Each read answers with the typed records below, each made by its ``from_row``; a held
+run's status is the :class:`~records.RunStatus` the API's reads give.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Self
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.store.database import Database, Row
+from registry_coordinator.store.records import RunStatus
+
+
+@dataclass(frozen=True)
+class Sending:
+    """One sending of a call step: the request it sealed, when it left, and what came of
+    it (``outcome``: response, not-sent, lost, interrupted, defect; None while in flight)."""
+
+    attempt: int
+    method: str
+    url: str
+    idempotency_key: str | None
+    sealed_at: datetime
+    dispatched_at: datetime | None
+    settled_at: datetime | None
+    status: int | None
+    outcome: str | None
+    response: bytes | None
+
+    @classmethod
+    def from_row(cls, row: Row, prefix: str = "") -> Self:
+        """From an execution's columns, its ``attempt``, ``status`` and ``outcome`` named
+        with ``prefix`` (a held run's row names them ``exec_``: the run has its own)."""
+        return cls(
+            attempt=row[prefix + "attempt"],
+            method=row["method"],
+            url=row["url"],
+            idempotency_key=row["idempotency_key"],
+            sealed_at=row["sealed_at"],
+            dispatched_at=row["dispatched_at"],
+            settled_at=row["settled_at"],
+            status=row[prefix + "status"],
+            outcome=row[prefix + "outcome"],
+            response=_bytes(row["response"]),
+        )
+
+
+def _bytes(value: bytes | memoryview | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+@dataclass(frozen=True)
+class HeldWork:
+    """A held run (``console_held_runs``): its status, and its step's latest sending (None
+    when the step never sealed a request)."""
+
+    run: RunStatus
+    sending: Sending | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        sent = None if row["exec_attempt"] is None else Sending.from_row(row, "exec_")
+        return cls(RunStatus.from_row(row), sent)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One sending of one of a run's calls (``console_executions``): its ``step``, the
+    sending, its sealed ``body``, and an answer that came back after its claim was lost
+    (``late_status``, ``late_at``; None when none did)."""
+
+    step: str
+    sending: Sending
+    body: bytes | None
+    late_status: int | None
+    late_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            step=row["step"],
+            sending=Sending.from_row(row),
+            body=_bytes(row["body"]),
+            late_status=row["late_status"],
+            late_at=row["late_at"],
+        )
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    """What a run's page shows besides its status (``console_run_detail``)."""
+
+    input: JSON
+    start_key: str
+    completed: dict[str, str]  # step -> the RFC 3339 instant it completed
+    outputs: dict[str, JSON]  # step -> its output
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            input=row["input"],
+            start_key=row["start_key"],
+            completed=row["completed"],
+            outputs=row["outputs"],
+        )
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether admission is held, and who changed it last, why and when
+    (``console_admission``); or one such change (``console_admission_events``)."""
+
+    held: bool
+    reason: str
+    actor: str
+    at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(held=row["held"], reason=row["reason"], actor=row["actor"], at=row["at"])
 
 
 def _visible(caller: str | None, readable: frozenset[str] | None) -> dict[str, object]:
@@ -21,13 +137,12 @@ def _visible(caller: str | None, readable: frozenset[str] | None) -> dict[str, o
 
 async def held_runs(
     db: Database, caller: str | None, readable: frozenset[str] | None, limit: int = 200
-) -> list[Row]:
+) -> list[HeldWork]:
     """The held runs the caller may see, the longest held first: the order an operator
-    works through them in. Each has its step's latest sending (``exec_attempt``,
-    ``method``, ``url``, ``idempotency_key``, ``sealed_at``, ``dispatched_at``,
-    ``settled_at``, ``exec_status``, ``exec_outcome``, ``response``; all None when the
-    step never sealed a request), what an operator judges a hold by."""
-    return await db.rows("console_held_runs", {**_visible(caller, readable), "limit": limit})
+    works through them in. Each has its step's latest sending (None when the step never
+    sealed a request), what an operator judges a hold by."""
+    rows = await db.rows("console_held_runs", {**_visible(caller, readable), "limit": limit})
+    return [HeldWork.from_row(row) for row in rows]
 
 
 async def held_count(db: Database, caller: str | None, readable: frozenset[str] | None) -> int:
@@ -37,17 +152,18 @@ async def held_count(db: Database, caller: str | None, readable: frozenset[str] 
     return int(row["held"])
 
 
-async def run_detail(db: Database, run_id: uuid.UUID) -> Row | None:
+async def run_detail(db: Database, run_id: uuid.UUID) -> RunDetail | None:
     """What a run's page shows besides its status (:func:`store.status`): its ``input``,
     ``start_key``, ``completed`` (step -> instant) and ``outputs``."""
-    return await db.row("console_run_detail", {"id": run_id})
+    row = await db.row("console_run_detail", {"id": run_id})
+    return None if row is None else RunDetail.from_row(row)
 
 
-async def executions(db: Database, run_id: uuid.UUID) -> list[Row]:
+async def executions(db: Database, run_id: uuid.UUID) -> list[Execution]:
     """Every sending of the run's calls, in the order they were sealed, for its timeline:
     the history says a call was dispatched; this says what was sent and what came back,
     late answers included."""
-    return await db.rows("console_executions", {"id": run_id})
+    return [Execution.from_row(row) for row in await db.rows("console_executions", {"id": run_id})]
 
 
 async def run_counts(db: Database) -> dict[str, dict[str, int]]:
@@ -59,13 +175,15 @@ async def run_counts(db: Database) -> dict[str, dict[str, int]]:
     return counts
 
 
-async def admission(db: Database) -> Row | None:
-    """Whether admission is held (``held``), with the ``reason``, ``actor`` and ``at`` of
-    its last change; schema version 7 gave admission its row, so a current schema has it."""
-    return await db.row("console_admission")
+async def admission(db: Database) -> Admission | None:
+    """Whether admission is held, with the reason, actor and instant of its last change;
+    schema version 7 gave admission its row, so a current schema has it."""
+    row = await db.row("console_admission")
+    return None if row is None else Admission.from_row(row)
 
 
-async def admission_events(db: Database, limit: int = 20) -> list[Row]:
-    """The latest holds and releases of admission (``at``, ``held``, ``reason``,
-    ``actor``), newest first: who held it before, and for how long."""
-    return await db.rows("console_admission_events", {"limit": limit})
+async def admission_events(db: Database, limit: int = 20) -> list[Admission]:
+    """The latest holds and releases of admission, newest first: who held it before, and
+    for how long."""
+    rows = await db.rows("console_admission_events", {"limit": limit})
+    return [Admission.from_row(row) for row in rows]

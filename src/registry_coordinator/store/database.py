@@ -56,7 +56,11 @@ from psycopg.waiting import Ready, Wait
 
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
+#: A row as psycopg reads it: column name -> value, typed by the query alone (the records
+#: of :mod:`records` are the typed rows the HTTP layer reads).
 Row = dict[str, Any]
+#: A named query's parameters, by name; psycopg adapts each value (:func:`_adapt`).
+Params = Mapping[str, object]
 T = TypeVar("T")
 
 
@@ -101,11 +105,11 @@ class Queries(Protocol):
     """What both a pooled :class:`Database` and a checked-out :class:`Connection` offer:
     named queries only."""
 
-    async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]: ...
+    async def rows(self, query: str, params: Params | None = None) -> list[Row]: ...
 
-    async def row(self, query: str, params: Mapping[str, Any] | None = None) -> Row | None: ...
+    async def row(self, query: str, params: Params | None = None) -> Row | None: ...
 
-    async def execute(self, query: str, params: Mapping[str, Any] | None = None) -> int: ...
+    async def execute(self, query: str, params: Params | None = None) -> int: ...
 
 
 class Unavailable(CoordinatorError):
@@ -205,7 +209,7 @@ class Connection:
     def __init__(self, raw: _TrioConnection) -> None:
         self.raw = raw
 
-    async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+    async def rows(self, query: str, params: Params | None = None) -> list[Row]:
         """Run a named query and return its rows, if it has any."""
         sql = named(query)
         try:
@@ -214,11 +218,11 @@ class Connection:
         except psycopg.Error as exc:
             raise _translated(exc) from None
 
-    async def row(self, query: str, params: Mapping[str, Any] | None = None) -> Row | None:
+    async def row(self, query: str, params: Params | None = None) -> Row | None:
         found = await self.rows(query, params)
         return found[0] if found else None
 
-    async def execute(self, query: str, params: Mapping[str, Any] | None = None) -> int:
+    async def execute(self, query: str, params: Params | None = None) -> int:
         """Run a named statement; returns the number of rows it touched."""
         sql = named(query)
         try:
@@ -254,7 +258,7 @@ class Connection:
         await self._statement(b"COMMIT")
 
 
-def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _adapt(params: Params | None) -> dict[str, object] | None:
     """Dicts are sent as jsonb (lists stay arrays); everything else as psycopg adapts it."""
     if params is None:
         return None
@@ -312,15 +316,15 @@ class Database:
                 conn = None
             self._send.send_nowait(conn)
 
-    async def rows(self, query: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+    async def rows(self, query: str, params: Params | None = None) -> list[Row]:
         async with self.connection() as conn:
             return await conn.rows(query, params)
 
-    async def row(self, query: str, params: Mapping[str, Any] | None = None) -> Row | None:
+    async def row(self, query: str, params: Params | None = None) -> Row | None:
         async with self.connection() as conn:
             return await conn.row(query, params)
 
-    async def execute(self, query: str, params: Mapping[str, Any] | None = None) -> int:
+    async def execute(self, query: str, params: Params | None = None) -> int:
         async with self.connection() as conn:
             return await conn.execute(query, params)
 

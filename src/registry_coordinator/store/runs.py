@@ -6,6 +6,9 @@ the statements say is built elsewhere, purely: the held run and what a commit gi
 back in :mod:`claims`, the ``transition`` statement's parameters in
 :mod:`statements`, lease bookkeeping in :mod:`leases`; the names callers use from
 those are re-exported here, so ``store.Claimed`` and ``store.commit`` are one face.
+What the reads here give the HTTP layer are typed records (:mod:`records`:
+``store.RunStatus``, ``store.ArchivedRun``, ``store.HistoryEvent``, ``store.LateAnswer``),
+re-exported with the functions that read them.
 
 A transition and its history event are one statement, and it commits only while
 the worker's claim still holds the run at the step it decided the transition for.
@@ -21,7 +24,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -43,27 +45,31 @@ from registry_coordinator.store.claims import (
 from registry_coordinator.store.database import Connection, Database, Row
 from registry_coordinator.store.faults import crash_point
 from registry_coordinator.store.leases import Holder, Holdings, extend_leases, take_over
-from registry_coordinator.store.statements import TAKEN_AT_ONCE, wait_due
+from registry_coordinator.store.records import ArchivedRun, HistoryEvent, LateAnswer, RunStatus
+from registry_coordinator.store.statements import wait_due
 
 __all__ = [
     "DEFECTS_BEFORE_HOLD",
     "DEFECT_BACKOFF",
-    "TAKEN_AT_ONCE",
     "UNLEASED",
     "AdmissionHeld",
     "Admitted",
     "Ahead",
+    "ArchivedRun",
     "CancelledInFlight",
     "Claimed",
     "Committed",
     "Delivery",
+    "HistoryEvent",
     "Holder",
     "Holdings",
     "KeyReused",
+    "LateAnswer",
     "LeaseLost",
     "NextDue",
     "NothingSealed",
     "RunFilter",
+    "RunStatus",
     "Sealed",
     "Settlement",
     "Start",
@@ -108,7 +114,7 @@ __all__ = [
 class Admitted:
     run_id: uuid.UUID
     created: bool  # False: the caller's key named an existing run of the same start
-    row: Row  # the run's status as it stood when admitted or found (run_status's columns)
+    run: RunStatus  # as it stood when admitted or found
 
 
 class KeyReused(CoordinatorError):
@@ -124,9 +130,9 @@ class StartArchived(CoordinatorError):
     """The caller's Idempotency-Key started a run, of the same start, that ended and was
     archived: it is not started again."""
 
-    def __init__(self, row: Row) -> None:
-        super().__init__(str(row["id"]))
-        self.row = row
+    def __init__(self, run: ArchivedRun) -> None:
+        super().__init__(str(run.id))
+        self.run = run
 
 
 class AdmissionHeld(CoordinatorError):
@@ -209,7 +215,7 @@ async def admit(
     gate = await db.row("admit_run", params)
     assert gate is not None, "schema 7 gives admission its row"
     if gate["id"] is not None:
-        return Admitted(gate["id"], True, gate)
+        return Admitted(gate["id"], True, RunStatus.from_row(gate))
     outcome = (await _not_admitted(db, caller, {start_key: started}, gate))[start_key]
     if not isinstance(outcome, Admitted):
         raise outcome
@@ -245,7 +251,9 @@ async def admit_many(
     rows = await db.rows("admit_runs", params)
     assert rows, "schema 7 gives admission its row"
     outcomes: dict[str, StartOutcome] = {
-        row["start_key"]: Admitted(row["id"], True, row) for row in rows if row["id"] is not None
+        row["start_key"]: Admitted(row["id"], True, RunStatus.from_row(row))
+        for row in rows
+        if row["id"] is not None
     }
     left = {key: started for key, started in asked.items() if key not in outcomes}
     if left:
@@ -270,9 +278,9 @@ async def _not_admitted(
         elif row["start_digest"] != started:
             outcomes[key] = KeyReused(row["id"])
         elif row["archived_at"] is not None:
-            outcomes[key] = StartArchived(row)
+            outcomes[key] = StartArchived(ArchivedRun.from_row(row))
         else:
-            outcomes[key] = Admitted(row["id"], False, row)
+            outcomes[key] = Admitted(row["id"], False, RunStatus.from_row(row))
     return outcomes
 
 
@@ -467,41 +475,73 @@ async def commit(
             return await _begin_waiting(conn, run, planned, planned.wait)
         if await conn.row("transition", planned.statement):
             return planned.committed()
-        why = await conn.row(
-            "unmoved",
-            {"id": run.id, "token": run.token, "step": run.step, "attempt": run.attempt},
-        )
-        if why is None or settlement is None:
-            raise LeaseLost(str(run.id))
-        if settlement.outcome != "interrupted" and (why["outcome"], why["status"]) == (
-            settlement.outcome,
-            settlement.status,
-        ):
-            return planned.committed()  # this very settlement committed before: already applied
-        if not (why["holding"] and why["cancel_requested"]):
-            raise LeaseLost(str(run.id))
-        cancelled = CancelledInFlight(
-            "cancelled by an operator while a call was in flight", transition
-        )
-        instead = statements.plan(
+        return await _unmoved(
+            conn,
             definition,
             run,
-            cancelled,
+            transition,
             lease,
+            planned,
             keep_lease=keep_lease,
             poll=poll,
             now=now,
             settlement=settlement,
-            go_on=False,
             outcome=outcome,
         )
-        if not await conn.row("transition", instead.statement):
-            raise LeaseLost(str(run.id))
-        return instead.committed()
+
+
+async def _unmoved(
+    conn: Connection,
+    definition: Definition | None,
+    run: Claimed,
+    transition: Transition,
+    lease: timedelta,
+    planned: statements.Plan,
+    *,
+    keep_lease: bool,
+    poll: timedelta | None,
+    now: datetime,
+    settlement: Settlement | None,
+    outcome: statements.Outcome | None,
+) -> Committed:
+    """What became of a :func:`commit` whose ``transition`` statement (``planned``) moved
+    nothing, on the same connection: its settlement committed already, by an earlier
+    sending of the same statement (success); or an operator asked to cancel while the
+    call was in flight, and the run is cancelled instead, with the same settlement;
+    or the claim is gone (LeaseLost)."""
+    why = await conn.row(
+        "unmoved",
+        {"id": run.id, "token": run.token, "step": run.step, "attempt": run.attempt},
+    )
+    if why is None or settlement is None:
+        raise LeaseLost(str(run.id))
+    if settlement.outcome != "interrupted" and (why["outcome"], why["status"]) == (
+        settlement.outcome,
+        settlement.status,
+    ):
+        return planned.committed()  # this very settlement committed before: already applied
+    if not (why["holding"] and why["cancel_requested"]):
+        raise LeaseLost(str(run.id))
+    cancelled = CancelledInFlight("cancelled by an operator while a call was in flight", transition)
+    instead = statements.plan(
+        definition,
+        run,
+        cancelled,
+        lease,
+        keep_lease=keep_lease,
+        poll=poll,
+        now=now,
+        settlement=settlement,
+        go_on=False,
+        outcome=outcome,
+    )
+    if not await conn.row("transition", instead.statement):
+        raise LeaseLost(str(run.id))
+    return instead.committed()
 
 
 async def _begin_waiting(
-    conn: Connection, run: Claimed, planned: statements.Plan, wait: dict[str, Any]
+    conn: Connection, run: Claimed, planned: statements.Plan, wait: dict[str, object]
 ) -> Committed:
     """Commit a transition that begins a wait-for and register its wait, in one
     transaction that first takes the result key's lock, as a delivery does."""
@@ -618,9 +658,10 @@ async def keep_late_answer(db: Database, run: Claimed, status: int, body: bytes)
     return await db.row("keep_late_answer", params) is not None
 
 
-async def late_answer(db: Database, run_id: uuid.UUID, step: str) -> Row | None:
+async def late_answer(db: Database, run_id: uuid.UUID, step: str) -> LateAnswer | None:
     """The latest 2xx answer to a call step that came back after its claim was lost."""
-    return await db.row("late_answer", {"id": run_id, "step": step})
+    row = await db.row("late_answer", {"id": run_id, "step": step})
+    return None if row is None else LateAnswer.from_row(row)
 
 
 async def held_longest(db: Database) -> float:
@@ -630,24 +671,27 @@ async def held_longest(db: Database) -> float:
     return float(row["seconds"])
 
 
-async def status(db: Database, run_id: uuid.UUID) -> Row | None:
-    return await db.row("run_status", {"id": run_id})
+async def status(db: Database, run_id: uuid.UUID) -> RunStatus | None:
+    row = await db.row("run_status", {"id": run_id})
+    return None if row is None else RunStatus.from_row(row)
 
 
-async def archived(db: Database, run_id: uuid.UUID) -> Row | None:
+async def archived(db: Database, run_id: uuid.UUID) -> ArchivedRun | None:
     """Where run ``run_id`` went if it was archived."""
-    return await db.row("archived_run", {"run": run_id})
+    row = await db.row("archived_run", {"run": run_id})
+    return None if row is None else ArchivedRun.from_row(row)
 
 
 async def archived_page(
     db: Database, which: RunFilter, after: tuple[datetime, uuid.UUID], limit: int
-) -> list[Row]:
+) -> list[ArchivedRun]:
     """Up to ``limit`` archived runs, newest first, admitted before the cursor ``after``
     (of ``which``, only the caller, readable workflows, state and workflow apply)."""
-    return await db.rows("list_archived", {**_visible(which, after), "limit": limit})
+    rows = await db.rows("list_archived", {**_visible(which, after), "limit": limit})
+    return [ArchivedRun.from_row(row) for row in rows]
 
 
-def _visible(which: RunFilter, after: tuple[datetime, uuid.UUID]) -> dict[str, Any]:
+def _visible(which: RunFilter, after: tuple[datetime, uuid.UUID]) -> dict[str, object]:
     """The parameters both listings share: whose runs, of which workflows, which state and
     workflow, after which cursor."""
     return {
@@ -660,8 +704,8 @@ def _visible(which: RunFilter, after: tuple[datetime, uuid.UUID]) -> dict[str, A
     }
 
 
-async def history(db: Database, run_id: uuid.UUID) -> list[Row]:
-    return await db.rows("run_history", {"id": run_id})
+async def history(db: Database, run_id: uuid.UUID) -> list[HistoryEvent]:
+    return [HistoryEvent.from_row(row) for row in await db.rows("run_history", {"id": run_id})]
 
 
 @dataclass(frozen=True)
@@ -697,9 +741,9 @@ def _containing(text: str | None) -> str | None:
 
 async def runs_page(
     db: Database, which: RunFilter, after: tuple[datetime, uuid.UUID], limit: int
-) -> list[Row]:
+) -> list[RunStatus]:
     """Up to ``limit`` runs, newest first, admitted before the cursor ``after``."""
-    return await db.rows(
+    rows = await db.rows(
         "list_runs",
         {
             **_visible(which, after),
@@ -711,3 +755,4 @@ async def runs_page(
             "limit": limit,
         },
     )
+    return [RunStatus.from_row(row) for row in rows]

@@ -14,12 +14,58 @@ instants are the database's clock, the one ``expires_at`` is compared with.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Self
 
 from registry_coordinator.store.database import Database, Row
 
 #: Bytes in a SHA-256 digest: what every key here is.
 HASH_BYTES = 32
+
+
+@dataclass(frozen=True)
+class Login:
+    """A sign-in under way (``console_take_login``): what the browser's return from the
+    issuer is checked against and completed with."""
+
+    state: str
+    nonce: str
+    verifier: str  # PKCE's code verifier
+    return_to: str  # the console's page to go back to once signed in
+    expires_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            state=row["state"],
+            nonce=row["nonce"],
+            verifier=row["verifier"],
+            return_to=row["return_to"],
+            expires_at=row["expires_at"],
+        )
+
+
+@dataclass(frozen=True)
+class Session:
+    """A signed-in session (``console_live_session``): the bearer token the console acts
+    with, the CSRF token its forms carry, and who signed in."""
+
+    access_token: str
+    csrf: str
+    subject: str
+    expires_at: datetime
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            access_token=row["access_token"],
+            csrf=row["csrf"],
+            subject=row["subject"],
+            expires_at=row["expires_at"],
+            created_at=row["created_at"],
+        )
 
 
 def _hashed(value: bytes) -> bytes:
@@ -57,11 +103,11 @@ async def begin_login(
     )
 
 
-async def take_login(db: Database, login_hash: bytes) -> Row | None:
-    """The sign-in (``state``, ``nonce``, ``verifier``, ``return_to``, ``expires_at``),
-    deleted as it is read so that it is used once; None if there is none or it has
-    expired (it is deleted either way)."""
-    return await db.row("console_take_login", {"login_hash": _hashed(login_hash)})
+async def take_login(db: Database, login_hash: bytes) -> Login | None:
+    """The sign-in, deleted as it is read so that it is used once; None if there is none
+    or it has expired (it is deleted either way)."""
+    row = await db.row("console_take_login", {"login_hash": _hashed(login_hash)})
+    return None if row is None else Login.from_row(row)
 
 
 async def open_session(
@@ -86,11 +132,11 @@ async def open_session(
     )
 
 
-async def session(db: Database, session_hash: bytes) -> Row | None:
-    """The session (``access_token``, ``csrf``, ``subject``, ``expires_at``,
-    ``created_at``), or None if there is none or it has expired: the browser signs in
+async def session(db: Database, session_hash: bytes) -> Session | None:
+    """The session, or None if there is none or it has expired: the browser signs in
     again."""
-    return await db.row("console_live_session", {"session_hash": _hashed(session_hash)})
+    row = await db.row("console_live_session", {"session_hash": _hashed(session_hash)})
+    return None if row is None else Session.from_row(row)
 
 
 async def close_session(db: Database, session_hash: bytes) -> None:

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 from quart import Response
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.http import admission, operations, runs
 from registry_coordinator.http.console import wording
@@ -27,7 +28,6 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.store import console_reads
-from registry_coordinator.store.database import Row
 
 _ADMISSION = {"hold": True, "release": False}
 
@@ -47,7 +47,7 @@ def _known(action: str) -> wording.ActionWords:
     return wording.ACTIONS[action]
 
 
-async def _run(context: Context, who: Visitor, run_id: str, action: str) -> Row:
+async def _run(context: Context, who: Visitor, run_id: str, action: str) -> store.RunStatus:
     """The run the action is for, refused as the API refuses: an operator first, if the
     action needs one, then a run the visitor may take it on."""
     words = runs.ACTIONS[action]
@@ -58,12 +58,12 @@ async def _run(context: Context, who: Visitor, run_id: str, action: str) -> Row:
 
 async def _subject(
     context: Context, who: Visitor, run_id: str, action: str
-) -> tuple[Row, Sent | None]:
+) -> tuple[store.RunStatus, Sent | None]:
     """The run the action is for (:func:`_run`) and its step's latest sealed request."""
-    row = await _run(context, who, run_id, action)
-    executions = await console_reads.executions(context.db, row["id"])
-    sent = [Sent.of_execution(e) for e in executions if e["step"] == row["step"]]
-    return row, sent[-1] if sent else None
+    run = await _run(context, who, run_id, action)
+    executions = await console_reads.executions(context.db, run.id)
+    sent = [Sent.of_execution(e) for e in executions if e.step == run.step]
+    return run, sent[-1] if sent else None
 
 
 async def _form(
@@ -76,13 +76,13 @@ async def _form(
     refused: Problem | None = None,
 ) -> Response:
     words = _known(action)
-    row, sent = await _subject(context, who, run_id, action)
+    run, sent = await _subject(context, who, run_id, action)
     found: Evidence | None = None
     if action == "reconcile" and stage == "confirm":
         try:  # what reconcile will find, shown before the operator confirms it
             found = (
                 await operations.find_evidence(
-                    context.db, context.workflows, context.products, row["id"]
+                    context.db, context.workflows, context.products, run.id
                 )
             ).evidence
         except Problem as nothing:
@@ -92,7 +92,7 @@ async def _form(
         who,
         "action.html",
         refused.status if refused else 200,
-        run=runs.run_status(row),
+        run=runs.run_status(run),
         action=action,
         words=words,
         sent=sent,
@@ -100,7 +100,7 @@ async def _form(
         reason=reason,
         refused=refused,
         evidence=found,
-        seq=row["seq"],
+        seq=run.seq,
     )
 
 
@@ -133,13 +133,13 @@ async def take(context: Context, run_id: str, action: str) -> Response:
     reason = form.get("reason", "")
     try:
         await _unchanged(context, who, run_id, action, form.get("seq"))
-        row, status = await runs.act(context, who.caller, run_id, action, _body(reason))
+        run, status = await runs.act(context, who.caller, run_id, action, _body(reason))
     except Problem as refused:
         if refused.status in (401, 403, 404):
             raise
         return await _form(context, who, run_id, action, "ask", reason, refused)
     query = urlencode({"done": action if status == 200 else f"{action}-pending"})
-    return redirect(f"/console/runs/{row['id']}?{query}")
+    return redirect(f"/console/runs/{run.id}?{query}")
 
 
 async def _unchanged(
@@ -147,13 +147,13 @@ async def _unchanged(
 ) -> None:
     """Refuse to act on a run that moved since the operator confirmed what would be done:
     what they saw (the request to resend, the evidence) may no longer be what happens."""
-    row = await _run(context, who, run_id, action)
-    if reviewed != str(row["seq"]):
+    run = await _run(context, who, run_id, action)
+    if reviewed != str(run.seq):
         raise Problem(
             409,
             "run.changed",
-            f"the run changed since you reviewed it (it is now {row['state']} at step "
-            f"{row['step']}): nothing was done; look again",
+            f"the run changed since you reviewed it (it is now {run.state} at step "
+            f"{run.step}): nothing was done; look again",
         )
 
 

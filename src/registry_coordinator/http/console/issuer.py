@@ -17,11 +17,12 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import TypeGuard
 from urllib.parse import urlencode
 
 import httpx
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.config import AuthConfig, ConsoleConfig, https_or_loopback
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.problems import Problem
@@ -170,7 +171,7 @@ class Issuer:
         }
         try:
             response = await self.client.post(endpoints.token, data=form, timeout=10)
-            answer: Any = response.json()
+            answer: JSON = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             raise Problem(
                 503,

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from prometheus_client import Metric
 from quart import Response, request
 
 from registry_coordinator import store
-from registry_coordinator.authoring.canonical import storable
+from registry_coordinator.authoring.canonical import JSON, storable
 from registry_coordinator.authoring.catalog import Recovery
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
@@ -32,7 +31,7 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import cursor, next_cursor
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store import console_reads
-from registry_coordinator.store.database import Row
+from registry_coordinator.store.console_reads import Execution, HeldWork, Sending
 
 PAGE_SIZE = 50
 #: The held runs the landing page explains at most, oldest first; the rest are on the runs page.
@@ -48,7 +47,7 @@ def _visibility(who: Visitor) -> tuple[str | None, frozenset[str] | None]:
 
 
 async def page(
-    context: Context, who: Visitor, template: str, status: int = 200, **values: Any
+    context: Context, who: Visitor, template: str, status: int = 200, **values: object
 ) -> Response:
     """A page with what every page shows: who is looking, the held count, the CSRF token."""
     held = 0
@@ -74,51 +73,30 @@ def _answer(body: bytes | None) -> str | None:
 
 @dataclass(frozen=True)
 class Sent:
-    """A call step's sealed request and what came of it, as a page shows it."""
+    """A call step's sealed request and what came of it, as a page shows it: the sending,
+    the product's answer as text (:func:`_answer`), and the sealed request's whole body
+    where the page shows it."""
 
-    attempt: int
-    method: str
-    url: str
-    idempotency_key: str | None
-    sealed_at: datetime
-    dispatched_at: datetime | None
-    status: int | None
+    sending: Sending
     answer: str | None
-    outcome: str | None  # what became of it: response, not-sent, lost, interrupted, defect
-    body: str | None = None  # the sealed request's whole body, where the page shows it
+    body: str | None = None
 
     @classmethod
-    def of_held(cls, row: Row) -> Sent | None:
-        """From a held run's row (``console_reads.held_runs``): its step's latest sending."""
-        if row["exec_attempt"] is None:
-            return None
-        return cls(
-            row["exec_attempt"],
-            row["method"],
-            row["url"],
-            row["idempotency_key"],
-            row["sealed_at"],
-            row["dispatched_at"],
-            row["exec_status"],
-            _answer(row["response"]),
-            row["exec_outcome"],
-        )
+    def of(cls, sending: Sending, body: bytes | None = None) -> Sent:
+        """From one sending (``console_reads``), with its sealed ``body`` where the page
+        shows it."""
+        text = body.decode("utf-8", errors="replace") if body else None
+        return cls(sending, _answer(sending.response), text)
 
     @classmethod
-    def of_execution(cls, row: Row) -> Sent:
-        """From one of a run's executions (``console_reads.executions``)."""
-        return cls(
-            row["attempt"],
-            row["method"],
-            row["url"],
-            row["idempotency_key"],
-            row["sealed_at"],
-            row["dispatched_at"],
-            row["status"],
-            _answer(row["response"]),
-            row["outcome"],
-            bytes(row["body"]).decode("utf-8", errors="replace") if row["body"] else None,
-        )
+    def of_held(cls, held: HeldWork) -> Sent | None:
+        """A held run's step's latest sending (``console_reads.held_runs``), if any."""
+        return None if held.sending is None else cls.of(held.sending)
+
+    @classmethod
+    def of_execution(cls, execution: Execution) -> Sent:
+        """One of a run's executions (``console_reads.executions``), with its body."""
+        return cls.of(execution.sending, execution.body)
 
 
 @dataclass(frozen=True)
@@ -126,8 +104,8 @@ class HeldRun:
     """A held run as the console explains it: why, what was sent, what is known, and the
     actions the visitor may take."""
 
-    run: Row
-    status: Any  # the run's status as the API shows it
+    run: store.RunStatus
+    status: JSON  # the run's status as the API shows it
     words: wording.Hold
     sent: Sent | None  # the step's latest sealed request, if it sealed one
     receipt: str | None  # how the product's receipt can be asked for, if it can
@@ -135,12 +113,12 @@ class HeldRun:
     calls_shown: bool  # whether the visitor may see what was sent (an operator)
 
 
-async def _receipt(context: Context, run: Row) -> tuple[Definition | None, str | None]:
+async def _receipt(context: Context, run: store.RunStatus) -> tuple[Definition | None, str | None]:
     try:
-        definition = await context.workflows.by_digest(context.db, run["digest"])
+        definition = await context.workflows.by_digest(context.db, run.digest)
     except (LookupError, ValueError, Refused):  # missing, altered, or not runnable here
         return None, None
-    step = definition.workflow.steps.get(run["step"])
+    step = definition.workflow.steps.get(run.step)
     if not isinstance(step, Call):
         return definition, None
     operation = definition.operations[step.id]
@@ -157,19 +135,21 @@ async def _receipt(context: Context, run: Row) -> tuple[Definition | None, str |
     return definition, f"{operation.product} keeps no receipt for {operation.name}"
 
 
-def _actions(who: Visitor, run: Row) -> list[str]:
-    if RunState(run["state"]).terminal:
+def _actions(who: Visitor, run: store.RunStatus) -> list[str]:
+    if run.state.terminal:
         return []
-    names = list(runs.ACTIONS) if run["state"] == RunState.HELD else ["cancel"]
-    return [name for name in names if runs.may_take(who.caller, name, run["workflow_id"])]
+    names = list(runs.ACTIONS) if run.state == RunState.HELD else ["cancel"]
+    return [name for name in names if runs.may_take(who.caller, name, run.workflow_id)]
 
 
-async def _held_run(context: Context, who: Visitor, run: Row, sent: Sent | None) -> HeldRun:
+async def _held_run(
+    context: Context, who: Visitor, run: store.RunStatus, sent: Sent | None
+) -> HeldRun:
     """A held run explained; what was sent where, and what came back, only to an operator
     (the API shows a run's calls to nobody else)."""
     sent = sent if who.caller.operator else None
     _, receipt = await _receipt(context, run)
-    words = wording.hold(run["hold_code"])
+    words = wording.hold(run.hold_code)
     actions = _actions(who, run)
     return HeldRun(run, runs.run_status(run), words, sent, receipt, actions, who.caller.operator)
 
@@ -177,8 +157,8 @@ async def _held_run(context: Context, who: Visitor, run: Row, sent: Sent | None)
 async def held(context: Context) -> Response:
     """The landing page: every held run the visitor may see, oldest first."""
     who = await visitor(context)
-    rows = await console_reads.held_runs(context.db, *_visibility(who), limit=HELD_SHOWN)
-    explained = [await _held_run(context, who, row, Sent.of_held(row)) for row in rows]
+    held_work = await console_reads.held_runs(context.db, *_visibility(who), limit=HELD_SHOWN)
+    explained = [await _held_run(context, who, h.run, Sent.of_held(h)) for h in held_work]
     return await page(context, who, "held.html", held=explained, shown=HELD_SHOWN)
 
 
@@ -218,10 +198,10 @@ async def runs_page(context: Context) -> Response:
         until=_moment("until"),
         text=args.get("q") or None,
     )
-    rows = await store.runs_page(context.db, filters, cursor(args.get("cursor")), PAGE_SIZE + 1)
-    shown = rows[:PAGE_SIZE]
+    found = await store.runs_page(context.db, filters, cursor(args.get("cursor")), PAGE_SIZE + 1)
+    shown = found[:PAGE_SIZE]
     more = None
-    if len(rows) > PAGE_SIZE:
+    if len(found) > PAGE_SIZE:
         query = {k: v for k, v in args.items() if k != "cursor" and v}
         query["cursor"] = next_cursor(shown[-1])
         more = query
@@ -241,35 +221,35 @@ async def run_page(context: Context, run_id: str) -> Response:
     """One run: its state, why it is held, its graph, input and output, every call attempt
     and every history event with who acted and why."""
     who = await visitor(context)
-    row = await runs.visible_run(context, who.caller, run_id, "read")
-    detail = await console_reads.run_detail(context.db, row["id"])
+    run = await runs.visible_run(context, who.caller, run_id, "read")
+    detail = await console_reads.run_detail(context.db, run.id)
     assert detail is not None  # runs are never deleted
-    executions = await console_reads.executions(context.db, row["id"])
+    executions = await console_reads.executions(context.db, run.id)
     if not who.caller.operator:
         executions = []  # product URLs, keys and answers are for operators, as in the API
-    events = await store.history(context.db, row["id"])
-    current = [e for e in executions if e["step"] == row["step"]]
+    events = await store.history(context.db, run.id)
+    current = [e for e in executions if e.step == run.step]
     explained = None
-    if row["state"] == RunState.HELD:
+    if run.state == RunState.HELD:
         sent = Sent.of_execution(current[-1]) if current else None
-        explained = await _held_run(context, who, row, sent)
-    definition, _ = await _receipt(context, row)
+        explained = await _held_run(context, who, run, sent)
+    definition, _ = await _receipt(context, run)
     graph = None
     if definition is not None:
-        marks = dict.fromkeys(detail["completed"] or {}, "taken")
-        marks[row["step"]] = "current"
+        marks = dict.fromkeys(detail.completed or {}, "taken")
+        marks[run.step] = "current"
         graph = dot(definition.workflow, marks)
     return await page(
         context,
         who,
         "run.html",
-        run=runs.run_status(row),
+        run=runs.run_status(run),
         detail=detail,
         held=explained,
-        actions=_actions(who, row),
+        actions=_actions(who, run),
         graph=graph,
         steps=list(definition.workflow.steps) if definition else [],
-        executions=[dict(e, answer=_answer(e["response"])) for e in executions],
+        executions=[(e, Sent.of(e.sending)) for e in executions],
         events=events,
         event_words=wording.EVENTS,
         done=_done(request.args.get("done"), events),
@@ -285,11 +265,11 @@ _DONE = {
 }
 
 
-def _done(done: str | None, events: list[Row]) -> str | None:
+def _done(done: str | None, events: list[store.HistoryEvent]) -> str | None:
     """The action to confirm at the top of a run's page: only the one its history's latest
     operator event shows (a link cannot make the page claim an action nobody took)."""
-    people = [e for e in events if e["kind"] in _DONE.values()]
-    if done in _DONE and people and people[-1]["kind"] == _DONE[done]:
+    people = [e for e in events if e.kind in _DONE.values()]
+    if done in _DONE and people and people[-1].kind == _DONE[done]:
         return done
     return None
 
@@ -334,9 +314,9 @@ async def admission_page(context: Context) -> Response:
     return await page(context, who, "admission.html", admission=state, events=events, done=done)
 
 
-def _families(metrics: list[Metric]) -> list[dict[str, Any]]:
+def _families(metrics: list[Metric]) -> list[dict[str, object]]:
     """The service's metrics as tables: each family's samples by their labels."""
-    shown = []
+    shown: list[dict[str, object]] = []
     for family in metrics:
         samples = [
             {"name": s.name, "labels": s.labels, "value": s.value}

@@ -18,11 +18,11 @@ import json
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
-from typing import Any
 
 import jinja2
 from quart import Response, request
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.expressions import format_instant
 
 CSP = (
@@ -99,7 +99,7 @@ def _ago(value: datetime | None) -> str:
     return "just now"
 
 
-def _pretty(value: Any) -> str:
+def _pretty(value: JSON) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 
@@ -117,7 +117,7 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def html(template: str, status: int = 200, **values: Any) -> Response:
+def html(template: str, status: int = 200, **values: object) -> Response:
     """A page: the template rendered, with the console's headers and an ETag of its body,
     answered 304 when the browser already holds exactly this."""
     body = environment().get_template(template).render(**values).encode()

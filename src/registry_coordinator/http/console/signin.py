@@ -79,11 +79,11 @@ def _failed(detail: str) -> Problem:
 
 async def callback(context: Context) -> Response:
     login = request.cookies.get(login_cookie(context))
-    row = await sessions.take_login(context.db, digest(login)) if login else None
-    if row is None:
+    started = await sessions.take_login(context.db, digest(login)) if login else None
+    if started is None:
         raise _failed("this sign-in was not started here, was used already or took too long")
     state = request.args.get("state", "")
-    if not hmac.compare_digest(state.encode(), row["state"].encode()):
+    if not hmac.compare_digest(state.encode(), started.state.encode()):
         raise _failed("the issuer's answer is not for this sign-in (its state differs)")
     if "error" in request.args:
         said = request.args.get("error_description") or request.args["error"]
@@ -92,7 +92,7 @@ async def callback(context: Context) -> Response:
     if not code:
         raise _failed("the issuer's answer holds no code")
     signed = await context.issuer.exchange(
-        context.auth, code, _redirect_uri(context), row["verifier"], row["nonce"]
+        context.auth, code, _redirect_uri(context), started.verifier, started.nonce
     )
     caller = await context.auth.authenticate(f"Bearer {signed.access_token}")
     session = random_token()
@@ -104,7 +104,7 @@ async def callback(context: Context) -> Response:
         caller.actor,
         datetime.fromtimestamp(signed.expires_at, UTC),
     )
-    response = html("signed_in.html", who=caller.actor, next=row["return_to"])
+    response = html("signed_in.html", who=caller.actor, next=started.return_to)
     response.headers["Cache-Control"] = "no-store"
     set_cookie(context, response, session_cookie(context), session)
     set_cookie(context, response, login_cookie(context), "", samesite="Lax", max_age=0)

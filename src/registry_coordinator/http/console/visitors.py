@@ -109,17 +109,17 @@ async def visitor(context: Context) -> Visitor:
     cookie = request.cookies.get(session_cookie(context))
     if not cookie:
         raise SignInNeeded
-    row = await sessions.session(context.db, digest(cookie))
-    if row is None:
+    kept = await sessions.session(context.db, digest(cookie))
+    if kept is None:
         raise SignInNeeded
     try:
-        caller = await context.auth.authenticate(f"Bearer {row['access_token']}")
+        caller = await context.auth.authenticate(f"Bearer {kept.access_token}")
     except Problem as refused:
         if refused.status != 401:
             raise  # 503: the issuer's keys cannot be read; not the visitor's doing
         await sessions.close_session(context.db, digest(cookie))
         raise SignInNeeded from None
-    return Visitor(caller, row["csrf"], signed_in=True)
+    return Visitor(caller, kept.csrf, signed_in=True)
 
 
 def sign_in_location() -> str:
