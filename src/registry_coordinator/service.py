@@ -45,6 +45,7 @@ from registry_coordinator.audit.checkpointer import Checkpointer
 from registry_coordinator.audit.retention import Archiver
 from registry_coordinator.config import Config
 from registry_coordinator.engine import feeds
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import Product, open_products
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.sleepers import Sleepers
@@ -169,15 +170,19 @@ async def _supervise(
     owner = seat.holder
     audit = config.audit
     checkpointer = Checkpointer(db, audit.signing_key, audit.checkpoint_every, metrics)
-    metrics.on_end = checkpointer.nudge
-    sleepers = Sleepers(db, workflows, owner, config.engine.lease, metrics)
+    # Every commit is followed by the same (metrics, logs, spans); a run's end also nudges
+    # the checkpointer, so ended runs' heads are signed soon after.
+    after = AfterCommit(metrics, ended=checkpointer.nudge)
+    sleepers = Sleepers(db, workflows, owner, config.engine.lease, after)
     timer = Timer(db, config.engine.sweep_interval, sleepers)
     holdings = store.Holdings()
-    engine = Engine(db, workflows, timer, products, config.engine, metrics, holdings, owner)
+    engine = Engine(
+        db, workflows, timer, products, config.engine, after.telling(timer), holdings, owner
+    )
     listener = Listener(db, timer)
     auth = Authenticator(config.auth, client)
     issuer = Issuer(config.auth, config.console, client)
-    context = Context(db, workflows, timer, products, listener, auth, metrics, issuer)
+    context = Context(db, workflows, timer, products, listener, auth, after, issuer)
     app = create_app(context, config.request_body_limit)
     systemd = Notifier()
     systemd.status("starting")

@@ -53,6 +53,7 @@ from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.workflow import Call, WaitFor
 from registry_coordinator.config import ConnectionConfig
 from registry_coordinator.engine import destinations
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.backoff import ANSWER_RECORDING
 from registry_coordinator.engine.identity import (
     Credentials,
@@ -65,7 +66,7 @@ from registry_coordinator.engine.identity import (
 )
 from registry_coordinator.engine.preparation import Prepared, Preparer
 from registry_coordinator.engine.timers import Timer
-from registry_coordinator.observability import logs, tracing
+from registry_coordinator.observability import tracing
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.codes import FailureCode, HoldCode
 from registry_coordinator.semantics.steps import (
@@ -417,11 +418,12 @@ class Calls:
     products: dict[str, Product]
     timer: Timer
     lease: timedelta
-    metrics: Metrics
+    after: AfterCommit  # what follows each commit a call task makes
     holdings: store.Holdings
     proceed: Proceed
 
     def __post_init__(self) -> None:
+        self.metrics = self.after.metrics
         self._nursery: trio.Nursery | None = None
         self._stopping = False
         self._in_flight = 0
@@ -571,7 +573,7 @@ class Calls:
                     done = await store.commit(
                         self.db, definition, run, stopped, self.lease, go_on=True
                     )
-                    self._committed(definition, done, run)
+                    self.after(definition, done, attempt=run.attempt)
                 await self._go_on(definition, done)
                 return
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
@@ -631,7 +633,7 @@ class Calls:
                     committed = await store.commit(
                         self.db, definition, run, ends, self.lease, read=read, go_on=True
                     )
-                    self._committed(definition, committed, run)
+                    self.after(definition, committed, attempt=run.attempt)
                     self.metrics.resumed(step.connection, step.result_name, fetch.key)
                 else:
                     polled = statements.result_polled(url, reply)
@@ -677,7 +679,7 @@ class Calls:
                 committed = await store.commit(
                     self.db, definition, run, transition, self.lease, read=looked, go_on=True
                 )
-                self._committed(definition, committed, run)
+                self.after(definition, committed, attempt=run.attempt)
         except store.LeaseLost:
             log.warning("lost the lease while asking for a receipt", extra={"run": run.id})
             return
@@ -688,17 +690,6 @@ class Calls:
         finally:
             product.queued -= 1
         await self._go_on(definition, committed)
-
-    def _committed(
-        self, definition: Definition, committed: store.Committed, run: store.Claimed
-    ) -> None:
-        """What follows a commit made by a pool's task: metrics, the log of a held or
-        failed run, spans, and the timer told of a step that is due again later."""
-        self.metrics.committed(definition, committed)
-        logs.transitions(committed, run.id)
-        tracing.committed(definition, committed, run.attempt)
-        if committed.due_at is not None and not committed.held:
-            self.timer.scheduled((committed.due_at - committed.run.now()).total_seconds())
 
     async def _go_on(self, definition: Definition, committed: store.Committed | None) -> None:
         """Take the run's next steps now if its call or read completed its step."""
@@ -825,7 +816,7 @@ class Calls:
             no_answer=reply.detail,
             go_on=True,
         )
-        self._committed(definition, committed, run)
+        self.after(definition, committed, attempt=run.attempt)
         return committed
 
     def _settlement(

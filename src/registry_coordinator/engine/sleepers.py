@@ -5,11 +5,11 @@ When thousands of wait-untils fall due in the same second, taking each run on by
 itself (claim, commit, each a statement and a flush of the WAL) made the last of them
 finish a minute late. Here one transaction locks a batch of due sleepers
 (``store.due_sleepers``), decides each run's steps in Python with the same semantics a
-worker uses (:func:`steps.on_due` through :func:`statements.plan`: the wait-until
-completed, then every choose, finish or wait-until after it, each with its own history
-event), and writes them all in one statement (``store.advance_sleepers``). A run whose
-next step needs a product or a wait is left due at once for any worker, exactly as a
-worker that gave up its lease would leave it.
+worker uses (:func:`steps.on_due`, then :func:`statements.plan`, whose
+:func:`steps.chain` takes the wait-until completed and every choose, finish or wait-until
+after it, each with its own history event), and writes them all in one statement
+(``store.advance_sleepers``). A run whose next step needs a product or a wait is left due
+at once for any worker, exactly as a worker that gave up its lease would leave it.
 
 Invariants:
 
@@ -32,9 +32,8 @@ from datetime import datetime, timedelta
 
 from registry_coordinator import store
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.workflows import Workflows
-from registry_coordinator.observability import tracing
-from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.steps import on_due
 from registry_coordinator.store.database import Database, Unavailable
 from registry_coordinator.store.faults import crash_point
@@ -57,13 +56,13 @@ class Sleepers:
     """Wakes due wait-untils in batches, as ``owner`` (its history events' actor)."""
 
     def __init__(
-        self, db: Database, workflows: Workflows, owner: str, lease: timedelta, metrics: Metrics
+        self, db: Database, workflows: Workflows, owner: str, lease: timedelta, after: AfterCommit
     ) -> None:
         self.db = db
         self.workflows = workflows
         self.owner = owner
         self.lease = lease  # kept by no batch; statements.plan asks for it
-        self.metrics = metrics
+        self.after = after  # with no timer to tell: the timer looks after each burst
 
     async def wake(self, limit: int) -> Woken:
         """Take on up to ``limit`` due wait-untils, oldest first, in one transaction."""
@@ -90,11 +89,10 @@ class Sleepers:
         for definition, planned, late in plans:
             if planned.run.id in moved:
                 committed = planned.committed()
-                self.metrics.committed(definition, committed)
-                tracing.committed(definition, committed, 0)
+                self.after(definition, committed)
                 lateness.append(late)
                 due += committed.due_at == now
-        self.metrics.woke(lateness)
+        self.after.metrics.woke(lateness)
         return Woken(len(moved), due, len(undecided), lateness)
 
     async def _decide(self, run: store.Claimed, now: datetime) -> tuple[Definition, Plan] | None:

@@ -31,12 +31,12 @@ from registry_coordinator import store
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.config import EngineConfig
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.calls import Calls, Product
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
-from registry_coordinator.observability import logs, tracing
-from registry_coordinator.observability.metrics import Metrics
+from registry_coordinator.observability import tracing
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import (
     NO_VERIFICATION,
@@ -68,16 +68,17 @@ class Engine:
         timer: Timer,
         products: dict[str, Product],
         config: EngineConfig,
-        metrics: Metrics,
+        after: AfterCommit,
         holdings: store.Holdings,
         owner: str,
     ) -> None:
         self.db = db
         self.workflows = workflows
         self.timer = timer
-        self.calls = Calls(db, products, timer, config.lease, metrics, holdings, self.advance)
+        self.calls = Calls(db, products, timer, config.lease, after, holdings, self.advance)
         self.config = config
-        self.metrics = metrics
+        self.after = after
+        self.metrics = after.metrics
         self.holdings = holdings
         self.owner = owner  # this process, as a lease holder
         self.stopping = False
@@ -258,14 +259,10 @@ class Engine:
             step.outcome("lease-lost")
             log.warning("lease lost to another worker; leaving the run", extra={"run": run.id})
             return None
-        step.committed(committed)
         crash_point("after-commit")
         if run.timer_at is not None and now >= run.timer_at:
             self.metrics.timer_lateness.observe((now - run.timer_at).total_seconds())
-        self.metrics.committed(definition, committed)
-        logs.transitions(committed, run.id)
-        if not committed.held and committed.due_at is not None:
-            self._schedule(committed.run, committed.due_at)
+        self.after(definition, committed, step=step)
         return committed
 
     def _schedule(self, run: store.Claimed, due: datetime) -> None:

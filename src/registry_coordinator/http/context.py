@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import Product
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.timers import Timer
@@ -31,6 +32,10 @@ class Context:
     products: dict[str, Product]
     listener: Listener
     auth: Authenticator
-    metrics: Metrics
+    after: AfterCommit  # told of what the handlers commit: an operator's cancel
     issuer: Issuer  # where the console's people sign in
     stopping: trio.Event = field(default_factory=trio.Event)  # set when shutdown begins
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.after.metrics

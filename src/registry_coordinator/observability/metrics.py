@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,106 +27,81 @@ _MAX_PENDING = 10_000
 
 
 class Metrics:
-    """This process's metrics. ``on_end`` is told whenever a run ends here (the service
-    sets it to the checkpointer's nudge: ended runs' heads are signed soon after)."""
+    """This process's metrics. Only counts: who else hears of a commit or a run's end is
+    said where they are told (``engine.after_commit``)."""
 
     def __init__(self) -> None:
-        self.on_end: Callable[[], None] = lambda: None
-        r = self.registry = CollectorRegistry()
-        self.runs_started = Counter(
-            "coordinator_runs_started", "Runs admitted", ["workflow"], registry=r
-        )
-        self.runs_ended = Counter(
-            "coordinator_runs_ended",
+        self.registry = CollectorRegistry()
+        # Runs, and what their steps committed.
+        self.runs_started = self._counter("runs_started", "Runs admitted", "workflow")
+        self.runs_ended = self._counter(
+            "runs_ended",
             "Runs that ended, by final state and outcome",
-            ["workflow", "state", "outcome"],
-            registry=r,
+            "workflow",
+            "state",
+            "outcome",
         )
-        self.runs = Gauge(
-            "coordinator_runs",
-            "Runs in flight by state (read from the database)",
-            ["state"],
-            registry=r,
-        )
-        self.held = Gauge("coordinator_held_runs", "Runs held for an operator", registry=r)
-        self.held_longest = Gauge(
-            "coordinator_held_runs_oldest_seconds",
+        self.runs = self._gauge("runs", "Runs in flight by state (read from the database)", "state")
+        self.held = self._gauge("held_runs", "Runs held for an operator")
+        self.held_longest = self._gauge(
+            "held_runs_oldest_seconds",
             "Seconds since the run held longest was held, 0 when none is (from the database)",
-            registry=r,
         )
-        self.transitions = Counter(
-            "coordinator_step_transitions",
-            "Step transitions committed, by step type",
-            ["type"],
-            registry=r,
+        self.transitions = self._counter(
+            "step_transitions", "Step transitions committed, by step type", "type"
         )
-        self.calls = Histogram(
-            "coordinator_call_duration_seconds",
-            "Product calls, from send to answer",
-            ["connection", "operation", "result"],
-            buckets=_LATENCY,
-            registry=r,
+        # Products: requests, answers and the connections' pools.
+        by_operation = ("connection", "operation", "result")
+        self.calls = self._latency(
+            "call_duration_seconds", "Product calls, from send to answer", *by_operation
         )
-        self.result_fetches = Histogram(
-            "coordinator_result_fetch_duration_seconds",
+        self.result_fetches = self._latency(
+            "result_fetch_duration_seconds",
             "Reads of wait-for results (after a webhook, or polling), from send to answer",
-            ["connection", "operation", "result"],
-            buckets=_LATENCY,
-            registry=r,
+            *by_operation,
         )
-        self.receipt_lookups = Histogram(
-            "coordinator_receipt_lookup_duration_seconds",
+        self.receipt_lookups = self._latency(
+            "receipt_lookup_duration_seconds",
             "Receipt lookups of reconcile, from send to answer",
-            ["connection", "operation", "result"],
-            buckets=_LATENCY,
-            registry=r,
+            *by_operation,
         )
-        self.pool_size = Gauge(
-            "coordinator_pool_size",
-            "Requests a connection may have open at once (its poolSize)",
-            ["connection"],
-            registry=r,
+        self.pool_size = self._gauge(
+            "pool_size", "Requests a connection may have open at once (its poolSize)", "connection"
         )
-        self.pool_in_use = Gauge(
-            "coordinator_pool_in_use", "Requests open per connection", ["connection"], registry=r
+        self.pool_in_use = self._gauge("pool_in_use", "Requests open per connection", "connection")
+        self.pool_queued = self._gauge(
+            "pool_queued", "Calls waiting for a slot per connection", "connection"
         )
-        self.pool_queued = Gauge(
-            "coordinator_pool_queued",
-            "Calls waiting for a slot per connection",
-            ["connection"],
-            registry=r,
-        )
-        self.timer_lateness = Histogram(
-            "coordinator_timer_lateness_seconds",
+        # Waking: timers, result webhooks and the database listener.
+        self.timer_lateness = self._latency(
+            "timer_lateness_seconds",
             "How late a wait-until, timeout or retry was taken after its instant",
-            buckets=_LATENCY,
-            registry=r,
         )
-        self.webhook_to_resume = Histogram(
-            "coordinator_webhook_to_resume_seconds",
-            "From a result webhook accepted to its run resuming",
-            buckets=_LATENCY,
-            registry=r,
+        self.webhook_to_resume = self._latency(
+            "webhook_to_resume_seconds", "From a result webhook accepted to its run resuming"
         )
-        self.deliveries = Counter(
-            "coordinator_webhook_deliveries",
-            "Result webhooks by connection and status",
-            ["connection", "status"],
-            registry=r,
+        self.deliveries = self._counter(
+            "webhook_deliveries", "Result webhooks by connection and status", "connection", "status"
         )
-        self.checkpoints = Counter(
-            "coordinator_checkpoints", "Checkpoints signed by this process", registry=r
+        self.listener = self._gauge("listener_connected", "1 while the LISTEN connection is up")
+        # The audit trail: checkpoints signed, runs archived.
+        self.checkpoints = self._counter("checkpoints", "Checkpoints signed by this process")
+        self.checkpoint_heads = self._counter(
+            "checkpoint_heads", "Run heads signed into checkpoints"
         )
-        self.checkpoint_heads = Counter(
-            "coordinator_checkpoint_heads", "Run heads signed into checkpoints", registry=r
-        )
-        self.archived = Counter(
-            "coordinator_runs_archived", "Ended runs moved to verified bundles", registry=r
-        )
-        self.listener = Gauge(
-            "coordinator_listener_connected", "1 while the LISTEN connection is up", registry=r
-        )
+        self.archived = self._counter("runs_archived", "Ended runs moved to verified bundles")
         self._pending: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+
+    def _counter(self, name: str, text: str, *labels: str) -> Counter:
+        return Counter(f"coordinator_{name}", text, labels, registry=self.registry)
+
+    def _gauge(self, name: str, text: str, *labels: str) -> Gauge:
+        return Gauge(f"coordinator_{name}", text, labels, registry=self.registry)
+
+    def _latency(self, name: str, text: str, *labels: str) -> Histogram:
+        return Histogram(
+            f"coordinator_{name}", text, labels, buckets=_LATENCY, registry=self.registry
+        )
 
     def committed(self, definition: Definition | None, committed: Committed) -> None:
         """Transitions committed at their steps, and the run's end if it ended (a run
@@ -142,7 +116,6 @@ class Metrics:
     def ended(self, workflow: str, state: str, outcome: str) -> None:
         """A run ended in this process."""
         self.runs_ended.labels(workflow, state, outcome).inc()
-        self.on_end()
 
     def result_fetched(self, connection: str, operation: str, result: str, seconds: float) -> None:
         """A wait-for's result was read with the catalog's fetch ``operation``."""

@@ -15,9 +15,10 @@ scenario's elapsed time is exact.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, assert_never
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.definition import Definition
@@ -31,7 +32,10 @@ from registry_coordinator.semantics.codes import FailureCode, RunState
 from registry_coordinator.semantics.steps import (
     Advance,
     Await,
+    Check,
+    Expire,
     Failed,
+    Fetch,
     Finished,
     Held,
     Reply,
@@ -43,16 +47,17 @@ from registry_coordinator.semantics.steps import (
     Transition,
     Verification,
     Verify,
+    chain,
     checked,
-    enter,
+    on_due,
     result_arrived,
     settle,
-    timed_out,
-    woke,
 )
 
 DEFAULT_ADMITTED_AT = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-MAX_ATTEMPTS = 1000
+#: A guard against a clock that does not move, not a limit the engine has: a call retried
+#: until a deadline of a year, five minutes apart at the longest backoff, is sent 105,120 times.
+MAX_ATTEMPTS = 1_000_000
 #: How a scenario's run asks about an unknown outcome: as a connection does by default.
 VERIFICATION = Verification()
 #: The states a scenario may expect its run to end in (nothing cancels a scenario's run).
@@ -401,95 +406,19 @@ def _expectation(
 
 
 def run(definition: Definition, scenario: Scenario) -> Outcome:
-    """Drive one run through the step semantics on a virtual clock."""
-    now = scenario.admitted_at
-    deadline = now + definition.workflow.deadline
-    record = RunRecord(f"scenario-{scenario.name}", scenario.input, now, deadline)
-    ended = Outcome()
-    step_id = definition.workflow.start
-
-    def finish(state: RunState, **fields: Any) -> Outcome:
-        ended.state = state
-        ended.elapsed = min(now, deadline) - scenario.admitted_at
-        for name, value in fields.items():
-            setattr(ended, name, value)
-        return ended
-
-    while True:
-        ended.path.append(step_id)
-        if now >= deadline:
-            return finish(RunState.EXPIRED, failure=FailureCode.DEADLINE_REACHED.value)
-        transition: Transition | _Expired = enter(definition, step_id, record, now)
-        if isinstance(transition, Send):
-            transition, now = _call(definition, scenario, step_id, now, ended)
-        elif isinstance(transition, Sleep):
-            if transition.until >= deadline:
-                now = deadline
-                return finish(RunState.EXPIRED, failure=FailureCode.DEADLINE_REACHED.value)
-            now = transition.until
-            transition = woke(definition, step_id)
-        elif isinstance(transition, Await):
-            transition, now = _wait(definition, scenario, step_id, transition, now, deadline)
-        if isinstance(transition, Advance):
-            if transition.has_output:
-                record.outputs[step_id] = transition.output
-            record.completed[step_id] = now
-            step_id = transition.next
-            continue
-        if isinstance(transition, Finished):
-            return finish(RunState.FINISHED, outcome=transition.outcome, output=transition.output)
-        if isinstance(transition, Failed):
-            return finish(RunState.FAILED, failure=transition.code.value, detail=transition.detail)
-        if isinstance(transition, Held):
-            return finish(RunState.HELD, hold=transition.code.value, detail=transition.detail)
-        if isinstance(transition, _Expired):
-            return finish(RunState.EXPIRED, failure=FailureCode.DEADLINE_REACHED.value)
-        raise AssertionError(f"unexpected transition {transition!r}")
+    """Drive one run as the engine does, on a virtual clock: each due step decided by
+    :func:`steps.on_due`, the steps after an advance taken by :func:`steps.chain`, each
+    transition applied as the engine's commit applies it. Between transitions the clock
+    jumps to the next instant the run falls due — a wait-until's, a retry's or an
+    asking's, a wait-for's result or timeout — never past the deadline, where ``on_due``
+    expires the run as it does in the engine."""
+    return _Run(definition, scenario).drive()
 
 
-def _call(
-    definition: Definition, scenario: Scenario, step_id: str, now: datetime, ended: Outcome
-) -> tuple[Transition | _Expired, datetime]:
-    deadline = scenario.admitted_at + definition.workflow.deadline
-    script = scenario.replies.get(step_id)
-    if not script:
-        raise _NoReply(step_id)
-    receipts = scenario.receipts.get(step_id, [])
-    has_receipt = definition.operations[step_id].receipt is not None
-    checks = 0
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        ended.attempts[step_id] = attempt
-        reply = script[min(attempt, len(script)) - 1]
-        transition = settle(
-            definition,
-            step_id,
-            reply,
-            attempt,
-            now,
-            jitter=_upper,
-            checks=checks,
-            verification=VERIFICATION,
-        )
-        while isinstance(transition, Verify) and has_receipt:
-            if transition.at >= deadline:
-                return _Expired(), deadline
-            now, checks = transition.at, checks + 1
-            answer = (
-                receipts[min(checks, len(receipts)) - 1]
-                if receipts
-                else Reply(ReplyKind.LOST, detail="no receipt scripted (scenario)")
-            )
-            transition = checked(
-                definition, step_id, answer, checks, now, VERIFICATION, jitter=_upper
-            )
-        if isinstance(transition, Verify):  # the identical request, sent again
-            checks += 1
-        elif not isinstance(transition, Retry):
-            return transition, now
-        if transition.at >= deadline:
-            return _Expired(), deadline
-        now = transition.at
-    raise AssertionError("a call was retried more often than a deadline allows")
+def run_id(scenario: Scenario) -> str:
+    """The id of a scenario's run: a UUID, as the engine's run ids are (an input schema may
+    ask for one), named by the scenario, so a scenario's keys are the same every time."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"urn:coordinator:scenario:{scenario.name}"))
 
 
 def _upper() -> float:
@@ -497,32 +426,145 @@ def _upper() -> float:
     return 1.0
 
 
-class _Expired:
-    """The run's deadline came while a step was still retrying or waiting."""
+class _Run:
+    """A scenario's run as the engine's columns would hold it: its step, whether it is
+    waiting, its timer, the sendings and askings of its current call."""
 
+    def __init__(self, definition: Definition, scenario: Scenario) -> None:
+        self.definition = definition
+        self.scenario = scenario
+        self.now = scenario.admitted_at
+        self.deadline = scenario.admitted_at + definition.workflow.deadline
+        self.record = RunRecord(run_id(scenario), scenario.input, self.now, self.deadline)
+        self.step = definition.workflow.start
+        self.waiting = False
+        self.timer_at: datetime | None = None
+        self.attempt = 0  # sendings of the current call step
+        self.checks = 0  # askings about its unknown outcome
+        self.ended = Outcome(path=[self.step])
 
-def _wait(
-    definition: Definition,
-    scenario: Scenario,
-    step_id: str,
-    waiting: Await,
-    now: datetime,
-    deadline: datetime,
-) -> tuple[Transition | _Expired, datetime]:
-    entered = now
-    limit = min(waiting.timeout_at or deadline, deadline)
-    for delivery in scenario.results.get(step_id, []):
-        at = entered + delivery.after
-        if at >= limit:
-            break
-        if delivery.key is not None and delivery.key != waiting.key:
-            continue
-        advanced = result_arrived(definition, step_id, delivery.payload)
-        if advanced is not None:
-            return advanced, at
-    if waiting.timeout_at is not None and waiting.timeout_at < deadline:
-        return timed_out(definition, step_id), waiting.timeout_at
-    return _Expired(), deadline
+    def drive(self) -> Outcome:
+        transition = self._due()
+        while True:
+            match transition:
+                case None:  # nothing due yet: the clock jumps to when something is
+                    self.now = min(self.timer_at or self.deadline, self.deadline)
+                    transition = self._due()
+                case Send():
+                    transition = self._send()
+                case Check():
+                    transition = self._ask()
+                case Advance():
+                    transition = self._advance(transition)
+                case Sleep(until=until):
+                    self.waiting, self.timer_at = True, until
+                    transition = None
+                case Await():
+                    transition = self._await(transition)
+                case Retry(at=at):
+                    self.timer_at = at
+                    transition = None
+                case Verify(at=at):
+                    self.checks, self.timer_at = self.checks + 1, at
+                    transition = None
+                case Finished() | Failed() | Held() | Expire():
+                    return self._end(transition)
+                case Fetch():  # polls are the engine's; a scenario's results arrive
+                    raise AssertionError("a scenario's wait-for is never polled")
+                case _:
+                    assert_never(transition)
+
+    def _due(self) -> Transition | None:
+        return on_due(
+            self.definition,
+            self.record,
+            self.step,
+            self.waiting,
+            self.timer_at,
+            self.now,
+            checks=self.checks,
+            verification=VERIFICATION,
+            jitter=_upper,
+        )
+
+    def _send(self) -> Transition:
+        script = self.scenario.replies.get(self.step)
+        if not script:
+            raise _NoReply(self.step)
+        self.attempt += 1
+        if self.attempt > MAX_ATTEMPTS:
+            raise AssertionError("a call was retried more often than a deadline allows")
+        self.ended.attempts[self.step] = self.attempt
+        reply = script[min(self.attempt, len(script)) - 1]
+        return settle(
+            self.definition,
+            self.step,
+            reply,
+            self.attempt,
+            self.now,
+            jitter=_upper,
+            checks=self.checks,
+            verification=VERIFICATION,
+        )
+
+    def _ask(self) -> Transition:
+        """The product asked for its receipt: the scenario's ``checks``-th answer, or none."""
+        receipts = self.scenario.receipts.get(self.step, [])
+        answer = (
+            receipts[min(self.checks, len(receipts)) - 1]
+            if receipts
+            else Reply(ReplyKind.LOST, detail="no receipt scripted (scenario)")
+        )
+        return checked(
+            self.definition, self.step, answer, self.checks, self.now, VERIFICATION, _upper
+        )
+
+    def _advance(self, advance: Advance) -> Transition | None:
+        """Commit ``advance`` with the steps taken after it; what is due after them."""
+        chained = chain(self.definition, self.record, self.step, advance, self.now)
+        self.ended.path += [advance.next] + [
+            t.next for _, t in chained.taken if isinstance(t, Advance)
+        ]
+        self.record, self.step = chained.run, chained.step
+        self.waiting, self.timer_at, self.attempt, self.checks = False, None, 0, 0
+        last = chained.taken[-1][1] if chained.taken else None
+        if chained.ahead is not None:
+            return chained.ahead
+        if isinstance(last, Finished | Failed | Expire | Sleep):
+            return last
+        raise AssertionError(f"a chain ended in {last!r} with nothing ahead")
+
+    def _await(self, waiting: Await) -> Transition | None:
+        """Wait for the scenario's first result for the key before the timeout and the
+        deadline: the step completes as it arrives; else the run is due at its timeout."""
+        self.waiting, self.timer_at = True, waiting.timeout_at
+        limit = min(waiting.timeout_at or self.deadline, self.deadline)
+        for delivery in self.scenario.results.get(self.step, []):
+            at = self.now + delivery.after
+            if at >= limit:
+                break
+            if delivery.key is not None and delivery.key != waiting.key:
+                continue
+            advanced = result_arrived(self.definition, self.step, delivery.payload)
+            if advanced is not None:
+                self.now = at
+                return advanced
+        return None
+
+    def _end(self, transition: Finished | Failed | Held | Expire) -> Outcome:
+        ended = self.ended
+        ended.elapsed = min(self.now, self.deadline) - self.scenario.admitted_at
+        match transition:
+            case Finished(outcome=outcome, output=output):
+                ended.state, ended.outcome, ended.output = RunState.FINISHED, outcome, output
+            case Failed(code=code, detail=detail):
+                ended.state, ended.failure, ended.detail = RunState.FAILED, code.value, detail
+            case Held(code=code, detail=detail):
+                ended.state, ended.hold, ended.detail = RunState.HELD, code.value, detail
+            case Expire():
+                ended.state = RunState.EXPIRED
+                ended.failure = FailureCode.DEADLINE_REACHED.value
+        return ended
 
 
 class _NoReply(Exception):

@@ -259,6 +259,49 @@ def on_due(
     return enter(definition, step_id, run, now)
 
 
+#: What a run takes in the same commit as the Advance before it: entering these steps needs
+#: neither a product nor a wait registered, so nothing lies between them.
+TAKEN_AT_ONCE = (Advance, Finished, Failed, Expire, Sleep)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a commit takes after a step's transition, and what comes after it."""
+
+    taken: tuple[tuple[str, Transition], ...]  # (step, transition) after the first, in order
+    step: str  # the step the run is at once they are taken
+    run: RunRecord  # the run's record as they leave it
+    ahead: Transition | None  # the next step's transition, decided, when it is not taken
+
+
+def advanced(run: RunRecord, step_id: str, advance: Advance, now: datetime) -> RunRecord:
+    """The record as ``advance`` leaves it: the step completed at ``now``, with its output."""
+    outputs = {**run.outputs, step_id: advance.output} if advance.has_output else run.outputs
+    return replace(run, outputs=outputs, completed={**run.completed, step_id: now})
+
+
+def chain(
+    definition: Definition, run: RunRecord, step_id: str, transition: Transition, now: datetime
+) -> Chain:
+    """The steps taken after ``transition`` at ``step_id``, in the same commit: while a step
+    advances, the next one is entered at ``now`` — decided as any due step is
+    (:func:`on_due`), so a deadline that has passed expires the run there — and taken with it
+    while it is :data:`TAKEN_AT_ONCE`. The first that is not is :attr:`Chain.ahead`: decided
+    once, here, and handed to whoever holds the run, never decided twice. The engine commits
+    a chain as one statement; the offline test runner takes it exactly so."""
+    taken: list[tuple[str, Transition]] = []
+    while isinstance(transition, Advance):
+        run = advanced(run, step_id, transition, now)
+        step_id = transition.next
+        following = on_due(definition, run, step_id, False, None, now)
+        assert following is not None  # a step just entered is due at once
+        if not isinstance(following, TAKEN_AT_ONCE):
+            return Chain(tuple(taken), step_id, run, following)
+        taken.append((step_id, following))
+        transition = following
+    return Chain(tuple(taken), step_id, run, None)
+
+
 # --- entering a step ----------------------------------------------------------------
 
 

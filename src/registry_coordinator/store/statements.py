@@ -46,8 +46,8 @@ from registry_coordinator.semantics.steps import (
     Sleep,
     Transition,
     Verify,
+    chain,
     detail,
-    on_due,
     woke,
 )
 from registry_coordinator.store.claims import (
@@ -57,10 +57,6 @@ from registry_coordinator.store.claims import (
     Committed,
     Settlement,
 )
-
-#: What a holder may commit in the same statement as the Advance before it: entering these
-#: steps needs neither a product nor a wait registered, so nothing lies between them.
-TAKEN_AT_ONCE = (Advance, Finished, Failed, Expire, Sleep)
 
 #: What became of a dispatched request, by the outcome its execution records: the history
 #: event the statement that records the outcome writes first. A closed list of three, so
@@ -145,7 +141,7 @@ class Plan:
     """One ``transition`` statement and what committing it makes of the run."""
 
     statement: dict[str, Any]  # the parameters of the ``transition`` query
-    wait: dict[str, Any] | None  # a wait-for's wait to register with it (``register_wait``)
+    wait: dict[str, object] | None  # a wait-for's wait to register with it (``register_wait``)
     taken: tuple[tuple[str, Transition | CancelledInFlight], ...]  # (step, transition), in order
     run: Claimed  # the run as the statement leaves it
     ahead: Ahead | None  # the step after the chain, decided while building it
@@ -176,13 +172,12 @@ def plan(
     go_on: bool,
     outcome: Outcome | None = None,
 ) -> Plan:
-    """The statement for ``transition`` and, with ``go_on``, the steps after it for as
-    long as they are :data:`TAKEN_AT_ONCE` (each decided at ``now``, from the run as the
-    steps before it left it). The first step after them is decided too, and handed on
-    as :attr:`Plan.ahead` rather than decided again (to a holder that keeps its lease;
-    without ``keep_lease`` the run is left due at once, and whoever claims it decides
-    that step again). ``outcome``, if any, is the event written before the first
-    transition's (:class:`Outcome`)."""
+    """The statement for ``transition`` and, with ``go_on``, the steps taken after it in
+    the same statement (:func:`steps.chain` decides which, at ``now``; the first step it
+    does not take is handed on as :attr:`Plan.ahead` rather than decided again — to a
+    holder that keeps its lease; without ``keep_lease`` the run is left due at once, and
+    whoever claims it decides that step again). ``outcome``, if any, is the event written
+    before the first transition's (:class:`Outcome`)."""
     params, wait = columns(definition, run, transition, lease, keep_lease, poll, now, settlement)
     taken: list[tuple[str, Transition | CancelledInFlight]] = [(run.step, transition)]
     events = [params]
@@ -190,16 +185,17 @@ def plan(
     if outcome is not None:
         moved = replace(moved, seq=moved.seq + 1)
     ahead = None
-    while go_on and isinstance(taken[-1][1], Advance):
+    if go_on and isinstance(transition, Advance):
         assert definition is not None
-        following = on_due(definition, moved.record(), moved.step, False, None, now)
-        if not isinstance(following, TAKEN_AT_ONCE):
-            ahead = Ahead(following, now)
-            break
-        params, _ = columns(definition, moved, following, lease, keep_lease, poll, now)
-        taken.append((moved.step, following))
-        events.append(params)
-        moved = after(moved, params, now)
+        chained = chain(definition, run.record(), run.step, transition, now)
+        for step, following in chained.taken:
+            assert step == moved.step  # the statement's columns and the record agree
+            params, _ = columns(definition, moved, following, lease, keep_lease, poll, now)
+            taken.append((step, following))
+            events.append(params)
+            moved = after(moved, params, now)
+        if chained.ahead is not None:
+            ahead = Ahead(chained.ahead, now)
     leaves_wait = run.state == RunState.WAITING
     merged = statement(events, leaves_wait=leaves_wait, outcome=outcome)
     return Plan(merged, wait, tuple(taken), moved, ahead)
@@ -266,7 +262,7 @@ _BATCHED = (
 )
 
 
-def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, Any]:
+def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, object]:
     """One ``advance_sleepers`` statement for many runs' plans, all decided at ``now`` by
     ``actor`` and none keeping a lease: each run's ``transition`` parameters as a record,
     and every run's events as records naming their run and place, in one jsonb document
@@ -275,8 +271,8 @@ def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, Any]:
     output stays the JSON null a ``transition`` statement writes, not an SQL NULL.
     A plan that records a call's outcome, reads a result, registers a wait or keeps its
     lease has no place here: it needs its own statement."""
-    runs: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+    runs: list[dict[str, object]] = []
+    events: list[dict[str, object]] = []
     for plan in plans:
         params = plan.statement
         assert plan.wait is None and params["lease_token"] is None, "needs its own statement"
@@ -305,7 +301,7 @@ def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, Any]:
     }
 
 
-def _dumps(value: Any) -> str:
+def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), default=_plain)
 
 
@@ -327,7 +323,7 @@ def columns(
     poll: timedelta | None,
     now: datetime,
     settlement: Settlement | None = None,
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[dict[str, Any], dict[str, object] | None]:
     """The run's new columns and history event for a transition; and a wait to register.
 
     Every column a transition does not set goes back to its default (running, attempt 0,
@@ -375,7 +371,7 @@ def _changes(
     keep_lease: bool,
     poll: timedelta | None,
     now: datetime,
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[dict[str, Any], dict[str, object] | None]:
     """What ``transition`` sets of the columns :func:`columns` resets, with its event: a
     match over every transition, so one added to ``steps.Transition`` and not handled
     here is a type error (``assert_never``), never a run committed with the defaults."""
@@ -489,7 +485,7 @@ def _stopped(transition: Failed | Held, attempt: int) -> dict[str, Any]:
 
 def _awaiting(
     definition: Definition, run: Claimed, transition: Await, poll: timedelta | None, now: datetime
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, object]]:
     """A wait-for begins: the run waits, and its wait is registered with the transition."""
     wait_step = definition.step(run.step)
     assert isinstance(wait_step, WaitFor)
