@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from .harness import Cluster, Services
+from tests.support import Cluster, Services
 
 # Hypothesis fails an example that runs longer than 200 ms: a wall-clock bound, which a
 # loaded machine breaks (a 2.5 ms example took 255 ms in CI). Property tests assert what

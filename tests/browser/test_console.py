@@ -15,7 +15,7 @@ from playwright.sync_api import Page, expect
 from registry_coordinator.http.console.render import CSP
 from registry_coordinator.semantics.codes import RunState
 from tests.browser.pages import PageErrors, screenshot
-from tests.harness import Service, Services, StandIns, decide, events, held_notice, wait_state
+from tests.support import Service, Services, StandIns, decide, events, held_notice, wait_state
 
 #: Messaging pushes nothing: the notice is read, the first time a second after it was sent.
 REVIEW: dict[str, tuple[str, dict[str, Any]]] = {

@@ -17,7 +17,7 @@ from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Event, first_break, parse
 from registry_coordinator.semantics.checkpoints import public_key
 from registry_coordinator.store.database import QUERIES, sync_connection
-from tests.harness import Services, coordinator, signing, wait_for
+from tests.support import Services, coordinator, signing, wait_for
 
 RUNS = 7
 BATCH = 3

@@ -42,27 +42,25 @@ import httpx
 import psycopg
 
 from registry_coordinator.store.database import sync_connection
-from tests.chaos.test_chaos import (
+from tests.support import (
     ASKING,
     CASEWORK_POOL,
-    SLEPT,
-    called_or_asked,
-    final_states,
-    mutations_seen,
-    start_runs,
-    summary,
-    unanswered,
-    wait_answered,
-    wait_ready,
-)
-from tests.harness import (
     QUIET,
+    SLEPT,
     Cluster,
     Service,
     Services,
     StandIns,
+    called_or_asked,
+    final_states,
+    mutations_seen,
     put_to_sleep,
+    start_runs,
+    summary,
+    unanswered,
+    wait_answered,
     wait_for,
+    wait_ready,
     wait_state,
 )
 
@@ -242,20 +240,20 @@ class Caller:
 
 
 def workers_busy(dsn: str, prefix: str, timeout: float = 30) -> None:
-    """Until the workers are at work on the wait-untils whose start keys begin with
-    ``prefix``: some have finished, and at least half have not."""
+    """Until the wait-untils whose start keys begin with ``prefix`` are being taken on: some
+    have finished. How many are left by then is load's to say (the timer takes up to 500
+    in one statement), so it is not asserted: the crash that follows must lose nothing
+    whether it finds the burst half done or done."""
     deadline = time.monotonic() + timeout
     with sync_connection(dsn) as conn:
         while True:
             row = conn.execute(
-                "SELECT count(*) FILTER (WHERE ended_at IS NOT NULL) AS ended, "
-                "count(*) FILTER (WHERE ended_at IS NULL) AS left FROM runs "
+                "SELECT count(*) FILTER (WHERE ended_at IS NOT NULL) AS ended FROM runs "
                 "WHERE start_key LIKE %s",
                 (prefix + "%",),
             ).fetchone()
             assert row is not None
             if row["ended"]:
-                assert row["left"] >= BURST / 2, row  # not yet all but finished
                 return
             assert time.monotonic() < deadline, row
             time.sleep(0.01)

@@ -18,7 +18,7 @@ import pytest
 
 from registry_coordinator.store import Holder
 from registry_coordinator.store.database import QUERIES, sync_connection
-from tests.harness import (
+from tests.support import (
     Cluster,
     Service,
     Services,

@@ -29,7 +29,7 @@ from registry_coordinator.devtools import reviewer
 from registry_coordinator.devtools.standins import Tokens, stand_in
 from registry_coordinator.devtools.standins.server import Issued
 from registry_coordinator.semantics.actions import select
-from tests.harness import PARAMETERS, STAFF_TOKEN, STANDIN_TOKEN, free_port
+from tests.support import PARAMETERS, STAFF_TOKEN, STANDIN_TOKEN, free_port
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CONTRACTS = {path.stem: json.loads(path.read_text()) for path in sorted(FIXTURES.glob("*.json"))}

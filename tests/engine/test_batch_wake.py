@@ -15,14 +15,17 @@ from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.canonical import canonical_bytes, digest_of
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import BATCH, LANES, Timer
 from registry_coordinator.engine.workflows import Pinned, Workflows
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.steps import Sleep, on_due
 from registry_coordinator.store.database import Database, Unavailable, sync_connection
-from tests.harness import (
+from tests.support import (
     TEST_WORKFLOWS,
+    Failing,
+    Paused,
     Services,
     database,
     events,
@@ -30,7 +33,6 @@ from tests.harness import (
     run_state,
     wait_for,
 )
-from tests.interleave import Failing, Paused
 
 LEASE = timedelta(seconds=30)
 
@@ -98,7 +100,7 @@ async def test_the_timer_takes_each_run_on_exactly_as_a_worker_would(dsn: str) -
         definition, digest, workflows = await woken_workflow(db)
         by_worker = {p: await asleep(db, definition, digest, f"worker-{p}", p) for p in PATHS}
         by_timer = {p: await asleep(db, definition, digest, f"timer-{p}", p) for p in PATHS}
-        sleepers = Sleepers(db, workflows, "timer", LEASE, Metrics())
+        sleepers = Sleepers(db, workflows, "timer", LEASE, AfterCommit(Metrics()))
         assert (await sleepers.wake(10)).taken == 0  # none due yet
         fall_due(dsn, list(by_worker.values()))
         for _ in PATHS:
@@ -193,7 +195,9 @@ async def test_a_batch_cut_off_before_its_commit_leaves_every_run_asleep(dsn: st
         runs = sleepers_due(dsn, digest, 30)
         paused = Paused(db, after="advance_sleepers")
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(Sleepers(paused, workflows, "timer", LEASE, Metrics()).wake, 500)
+            nursery.start_soon(
+                Sleepers(paused, workflows, "timer", LEASE, AfterCommit(Metrics())).wake, 500
+            )
             await paused.reached.wait()
             assert histories(dsn, runs[:1]) == [ASLEEP]  # not committed: not visible
             nursery.cancel_scope.cancel()
@@ -201,10 +205,10 @@ async def test_a_batch_cut_off_before_its_commit_leaves_every_run_asleep(dsn: st
         failing = Failing(db, "advance_sleepers")
         failing.failing_after = 1  # it ran; its reply is lost
         with pytest.raises(Unavailable):
-            await Sleepers(failing, workflows, "timer", LEASE, Metrics()).wake(500)
+            await Sleepers(failing, workflows, "timer", LEASE, AfterCommit(Metrics())).wake(500)
         assert histories(dsn, runs) == [ASLEEP] * 30
         assert {run_state(dsn, str(r))["seq"] for r in runs} == {2}
-        woken = await Sleepers(db, workflows, "timer", LEASE, Metrics()).wake(500)
+        woken = await Sleepers(db, workflows, "timer", LEASE, AfterCommit(Metrics())).wake(500)
     assert (woken.taken, woken.left) == (30, 0)
     assert histories(dsn, runs) == [WOKEN_TO_THE_END] * 30
 
@@ -224,7 +228,9 @@ async def test_the_timers_lanes_take_a_burst_once_and_an_outage_in_one_is_an_out
         failing = Failing(db, "advance_sleepers")
         failing.failing_before = 10**6
         timer = Timer(
-            failing, timedelta(seconds=30), Sleepers(failing, workflows, "t", LEASE, Metrics())
+            failing,
+            timedelta(seconds=30),
+            Sleepers(failing, workflows, "t", LEASE, AfterCommit(Metrics())),
         )
         caplog.set_level(logging.WARNING, "registry_coordinator.engine.timers")
         async with trio.open_nursery() as nursery:
@@ -238,7 +244,7 @@ async def test_the_timers_lanes_take_a_burst_once_and_an_outage_in_one_is_an_out
         assert said[0].startswith("timer: database unavailable: the test's outage"), said
         assert not any("unexpected" in line for line in said), said
         assert histories(dsn, runs) == [ASLEEP] * count
-        metrics, all_ended, left = Metrics(), trio.Event(), count
+        all_ended, left = trio.Event(), count
 
         def one_ended() -> None:  # as the service's checkpointer is told of each end
             nonlocal left
@@ -246,8 +252,8 @@ async def test_the_timers_lanes_take_a_burst_once_and_an_outage_in_one_is_an_out
             if not left:
                 all_ended.set()
 
-        metrics.on_end = one_ended
-        timer = Timer(db, timedelta(seconds=30), Sleepers(db, workflows, "t", LEASE, metrics))
+        after = AfterCommit(Metrics(), ended=one_ended)
+        timer = Timer(db, timedelta(seconds=30), Sleepers(db, workflows, "t", LEASE, after))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer.run)
             with trio.fail_after(60):  # a hang guard, not a bound on how fast
@@ -276,7 +282,7 @@ async def test_a_locked_run_is_skipped_and_an_undecidable_one_is_left_to_the_wor
             )
         (undecidable,) = sleepers_due(dsn, digest_of(unusable), 1)
         locked, free = sleepers_due(dsn, digest, 2)
-        sleepers = Sleepers(db, workflows, "timer", LEASE, Metrics())
+        sleepers = Sleepers(db, workflows, "timer", LEASE, AfterCommit(Metrics()))
         with sync_connection(dsn) as holder:
             holder.execute("BEGIN")
             holder.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", (locked,))

@@ -12,15 +12,16 @@ import trio
 
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
-from tests.engine.test_call_tasks import (
+from tests.support import (
+    STANDIN_TOKEN,
+    Failing,
     breg,
     breg_config,
     call_pool,
     claimed_call,
+    events,
     invocations,
 )
-from tests.harness import STANDIN_TOKEN, events
-from tests.interleave import Failing
 
 
 def run_row(dsn: str) -> dict[str, object]:
@@ -48,9 +49,8 @@ async def test_an_outage_while_a_mutation_is_sealed_is_waited_out_and_it_is_sent
             failing.failing_before = 3
         else:
             failing.failing_after = 1
-        async with call_pool(config, failing) as calls:
-            ended = trio.Event()
-            calls.metrics.on_end = ended.set  # as the service's checkpointer is told
+        ended = trio.Event()
+        async with call_pool(config, failing, ended=ended.set) as calls:
             calls.submit(definition, run, send.request)
             await ended.wait()  # the pool's hang guard fails a run left to its lease
         row = run_row(dsn)

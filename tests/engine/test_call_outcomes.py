@@ -12,7 +12,7 @@ from registry_coordinator.audit import histories
 from registry_coordinator.semantics.codes import HoldCode
 from registry_coordinator.semantics.steps import Send, on_due
 from registry_coordinator.store.database import sync_connection
-from tests.harness import admit, database, events
+from tests.support import admit, database, events
 
 LEASE = timedelta(seconds=30)
 

@@ -2,109 +2,41 @@
 outage that outlasts the lease, or a database that refuses an answer leave behind.
 
 The call pool runs as in the service; the test holds the database handle it is given
-(:mod:`tests.interleave`), so a statement can stop, fail, or fail after committing
+(:mod:`tests.support.interleave`), so a statement can stop, fail, or fail after committing
 exactly where the case needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import trio
-from trio import fail_after
 
 from registry_coordinator import store
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.config import Config, load_config
-from registry_coordinator.devtools.standins import Tokens
-from registry_coordinator.devtools.standins.breg import BReg
-from registry_coordinator.engine.calls import Calls, Proceed, Sending, open_products
-from registry_coordinator.engine.sleepers import Sleepers
-from registry_coordinator.engine.timers import Timer
+from registry_coordinator.engine.calls import Sending, open_products
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import operations
-from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Held, Request, Send, bind, on_due
-from registry_coordinator.store.database import Database, StatementFailed, sync_connection
+from registry_coordinator.store.database import StatementFailed, sync_connection
 from registry_coordinator.store.statements import INTERRUPTED
-from tests.harness import (
+from tests.support import (
+    LEASE,
+    RECORD,
     STANDIN_TOKEN,
-    admit,
-    connection,
-    database,
+    Failing,
+    Paused,
+    breg,
+    breg_config,
+    call_pool,
+    claimed_call,
     events,
-    free_port,
-    write_config,
+    invocations,
 )
-from tests.interleave import Failing, Paused
-
-LEASE = timedelta(seconds=30)
-#: The record the runs act on (BReg's record ids are UUIDs).
-RECORD = "8d0f4a52-5b7e-4c1a-9e36-2f1c7b5d9a10"
-#: Seconds after which a test that waits for something is failed as hung, not timed.
-HANG = 60
-
-
-def breg_config(tmp_path: Path, dsn: str, workflow: str, port: int) -> Config:
-    return load_config(
-        write_config(tmp_path, dsn, [workflow], connections={"registry": connection("breg", port)})
-    )
-
-
-@asynccontextmanager
-async def breg(dsn: str, size: int = 2) -> AsyncIterator[tuple[Database, BReg, int]]:
-    """A migrated database and a stand-in BReg serving on a free port."""
-    port = free_port()
-    product = BReg(Tokens(STANDIN_TOKEN))
-    async with database(dsn, size) as db, trio.open_nursery() as nursery:
-        await nursery.start(product.serve, "127.0.0.1", port)
-        yield db, product, port
-        nursery.cancel_scope.cancel()
-
-
-async def stay(_: Definition, __: store.Claimed, ___: store.Ahead | None) -> None:
-    """A run that goes on after its call is left where its call left it."""
-
-
-@asynccontextmanager
-async def call_pool(
-    config: Config, db: Database, lease: timedelta = LEASE, proceed: Proceed = stay
-) -> AsyncIterator[Calls]:
-    """The configured connections' call pool, running, its runs going on in ``proceed``
-    (the engine's step loop in the service). A test that waits in it for something that
-    never comes fails as hung after :data:`HANG` seconds."""
-    async with open_products(config.connections) as (products, _), trio.open_nursery() as pools:
-        timer = Timer(
-            db, timedelta(seconds=60), Sleepers(db, Workflows([]), "holder:1", lease, Metrics())
-        )
-        calls = Calls(db, products, timer, lease, Metrics(), store.Holdings(), proceed)
-        await pools.start(calls.run)
-        with fail_after(HANG):
-            yield calls
-        pools.cancel_scope.cancel()
-
-
-async def claimed_call(
-    db: Database, workflow: str, lease: timedelta = LEASE
-) -> tuple[Definition, store.Claimed, Send]:
-    definition, _ = await admit(db, workflow, {"recordId": RECORD})
-    run = await store.claim(db, "holder:1", lease)
-    assert run is not None
-    send = on_due(definition, run.record(), run.step, False, None, run.now())
-    assert isinstance(send, Send)
-    return definition, run, send
-
-
-def invocations(product: BReg) -> list[dict[str, object]]:
-    """The action invocations BReg was sent (not the reads that prepared them: its
-    registry's metadata and its target's conditions, which cause no effect)."""
-    return [r for r in product.ledger.requests if r["path"] == "/v1/actions/mark-reviewed"]
 
 
 def run_row(dsn: str) -> dict[str, object]:
@@ -222,8 +154,8 @@ async def test_an_answer_after_the_claim_was_lost_is_kept_and_reconcile_uses_it(
             while "late-answer" not in [e["kind"] for e in events(dsn, str(run.id))]:
                 await trio.sleep(0.05)
             held = await store.status(db, run.id)
-            assert held is not None and held["hold_code"] == "dispatch-interrupted"
-            assert (held["late_attempt"], held["late_status"]) == (1, 200)
+            assert held is not None and held.hold_code == "dispatch-interrupted"
+            assert (held.late_attempt, held.late_status) == (1, 200)
             await operations.reconcile(
                 db, Workflows([]), calls.products, calls.timer, run.id, "ops", "OPS-7: BReg up"
             )

@@ -18,7 +18,7 @@ from registry_coordinator.audit import histories
 from registry_coordinator.audit.checkpointer import checkpoint
 from registry_coordinator.semantics.chain import Event, canonical, event_hash, parse
 from registry_coordinator.store.database import Database, sync_connection
-from tests.harness import admit, database
+from tests.support import admit, database
 
 #: Any JSON an event's detail may hold: text with every kind of character PostgreSQL stores,
 #: integers, finite floats, and nesting.

@@ -18,8 +18,7 @@ import pytest
 import trio
 
 from registry_coordinator.store.database import Connection, Database, StatementFailed
-from tests.harness import database
-from tests.interleave import blocked_or_done
+from tests.support import blocked_or_done, database
 
 #: Touches both rows of the probe; the second it meets (id 1) is the one the test locks,
 #: so a statement applied by halves would show as the rows' counts differing.

@@ -24,7 +24,7 @@ from registry_coordinator.engine import destinations
 from registry_coordinator.engine.calls import open_products
 from registry_coordinator.semantics.external import Reviewed
 from registry_coordinator.semantics.steps import ReplyKind, Request
-from tests.harness import STANDIN_TOKEN, free_port
+from tests.support import STANDIN_TOKEN, free_port
 
 HOST = "directory.invalid"
 

@@ -4,7 +4,8 @@ A follower records each entry of a page as a delivery, then moves the connection
 past them. Should it stop in between — the cursor's statement never run, or run with its
 answer lost — the next pass reads the same page again: every entry is kept once (by its
 event id), and the cursor ends where the feed ends. Against the stand-in Casework on
-loopback and a real PostgreSQL, the cursor's statement failed by :class:`tests.interleave.Failing`.
+loopback and a real PostgreSQL, the cursor's statement failed by
+:class:`tests.support.interleave.Failing`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.config import load_config
 from registry_coordinator.devtools.standins import Tokens
 from registry_coordinator.devtools.standins.casework import Casework
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import open_products
 from registry_coordinator.engine.feeds import Follower
 from registry_coordinator.engine.sleepers import Sleepers
@@ -30,16 +32,16 @@ from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.store.database import Database, Unavailable, sync_connection
-from tests.harness import (
+from tests.support import (
     PARAMETERS,
     STAFF_TOKEN,
     STANDIN_TOKEN,
+    Failing,
     connection,
     database,
     free_port,
     write_config,
 )
-from tests.interleave import Failing
 
 REVIEW = builtin_catalog().products["casework"].results["review-decision"]
 
@@ -65,7 +67,9 @@ async def following(
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers) as client,
     ):
         await nursery.start(casework.serve, "127.0.0.1", port)
-        sleepers = Sleepers(db, Workflows([]), "holder:1", timedelta(seconds=30), Metrics())
+        sleepers = Sleepers(
+            db, Workflows([]), "holder:1", timedelta(seconds=30), AfterCommit(Metrics())
+        )
         timer = Timer(db, timedelta(seconds=60), sleepers)
         yield db, casework, Follower(db, products["reviews"], REVIEW, timer), client
         nursery.cancel_scope.cancel()

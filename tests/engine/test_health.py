@@ -9,7 +9,7 @@ import trio.testing
 from registry_coordinator.observability import health
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import Database
-from tests.harness import admit, database
+from tests.support import admit, database
 
 
 @pytest.mark.trio

@@ -16,7 +16,7 @@ from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.semantics.steps import Await, ReplyKind, on_due
 from registry_coordinator.store import statements
 from registry_coordinator.store.database import Database, Row, sync_connection
-from tests.harness import admit, database, events, reply
+from tests.support import admit, database, events, reply
 
 LEASE = timedelta(seconds=30)
 POLL = timedelta(minutes=10)

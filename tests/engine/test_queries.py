@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from registry_coordinator.store.database import QUERIES, Connection, UnknownQuery, sync_connection
-from tests.harness import ROOT, database
+from tests.support import ROOT, database
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

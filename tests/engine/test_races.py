@@ -1,7 +1,7 @@
 """Races between a run's holder, webhook deliveries and the timer, forced with two connections.
 
 Each test stops one side at a chosen statement — inside its transaction, its locks held
-(:mod:`tests.interleave`) — runs the rival on another connection until PostgreSQL shows
+(:mod:`tests.support.interleave`) — runs the rival on another connection until PostgreSQL shows
 it waiting for a lock (or it finished), then lets the first side go. Real PostgreSQL,
 the store's own statements; only the moment each runs is chosen by the test.
 """
@@ -19,6 +19,7 @@ import trio
 
 from registry_coordinator import store
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
@@ -26,8 +27,17 @@ from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.semantics.steps import Await, Send, on_due, result_arrived, settle
 from registry_coordinator.store.claims import Claimed
 from registry_coordinator.store.database import Database, Unavailable, sync_connection
-from tests.harness import admit, breg_record, database, events, reply
-from tests.interleave import Failing, Paused, rival_while_paused, rival_while_uncommitted
+from tests.support import (
+    Failing,
+    Paused,
+    admit,
+    breg_record,
+    database,
+    events,
+    reply,
+    rival_while_paused,
+    rival_while_uncommitted,
+)
 
 LEASE = timedelta(seconds=30)
 POLL = timedelta(minutes=10)
@@ -281,7 +291,9 @@ async def test_a_wake_up_scheduled_while_the_timer_reads_the_database_is_kept(
     async with database(dsn) as db:
         paused = Paused(db, after="next_due")
         timer = Timer(
-            paused, timedelta(seconds=60), Sleepers(paused, Workflows([]), "test", LEASE, Metrics())
+            paused,
+            timedelta(seconds=60),
+            Sleepers(paused, Workflows([]), "test", LEASE, AfterCommit(Metrics())),
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer.run)

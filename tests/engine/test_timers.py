@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     Services,
     put_to_sleep,
     wait_for,

@@ -12,7 +12,7 @@ import pytest
 from registry_coordinator.authoring.artifact import FORMAT, load, load_file
 from registry_coordinator.authoring.canonical import canonical_bytes
 from registry_coordinator.authoring.diagnostics import Refused
-from tests.harness import WORKFLOWS, coordinator
+from tests.support import WORKFLOWS, coordinator
 
 TUTORIAL = WORKFLOWS / "review-application"
 

@@ -20,7 +20,7 @@ from registry_coordinator.authoring.canonical import canonical_bytes
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.checker import MAX_CONNECTIONS
 from registry_coordinator.authoring.diagnostics import Diagnostic, Position, Refused
-from tests.harness import WORKFLOWS
+from tests.support import WORKFLOWS
 
 TUTORIAL = (WORKFLOWS / "review-application" / "workflow.yaml").read_text()
 WHEN = 'steps.await_decision.status == "approved"'  # line 72, from column 15

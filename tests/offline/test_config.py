@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.config import ClientCredentials, TracingConfig, load_config
 from registry_coordinator.engine.workflows import load_service
-from tests.harness import ROOT, coordinator, package, refused
+from tests.support import ROOT, coordinator, package, refused
 
 
 def _pem(key: Ed25519PrivateKey | rsa.RSAPrivateKey) -> str:

@@ -13,7 +13,7 @@ from registry_coordinator.authoring.diagnostics import Diagnostic, Position, Ref
 from registry_coordinator.authoring.source import load_yaml
 from registry_coordinator.config import Problems, read_config
 from registry_coordinator.engine.workflows import load_service, read_service
-from tests.harness import coordinator, package
+from tests.support import coordinator, package
 
 ZERO = "sha256:" + "0" * 64
 

@@ -19,7 +19,7 @@ from registry_coordinator.http.console import render, wording
 from registry_coordinator.http.console.issuer import challenge, random_token
 from registry_coordinator.http.runs import ACTIONS
 from registry_coordinator.semantics.codes import HoldCode
-from tests.harness import ROOT, WORKFLOWS, refused
+from tests.support import ROOT, WORKFLOWS, refused
 
 
 def test_every_hold_code_has_plain_words() -> None:

@@ -14,11 +14,11 @@ import pytest
 
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.diagnostics import CODES, Severity
-from tests.harness import CORPUS, coordinator
+from tests.support import CORPUS, coordinator
 
 FILES = sorted((CORPUS / "invalid").glob("*.yaml"))
 
-#: Codes exercised by generated inputs (tests/test_source.py) or by other tools.
+#: Codes exercised by generated inputs (tests/offline/test_source.py) or by other tools.
 ELSEWHERE = {
     "file.unreadable",
     "yaml.too-large",

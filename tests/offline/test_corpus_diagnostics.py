@@ -1,7 +1,7 @@
 """Every corpus file's diagnostics in full, against ``tests/corpus/diagnostics.json``:
 code, severity, message, repair, line and column.
 
-tests/test_corpus.py checks, by marks written by hand, that each refusal has its code
+tests/offline/test_corpus.py checks, by marks written by hand, that each refusal has its code
 and points at its line; mutation testing (``just mutants-pure``) found that a message
 or a repair saying the wrong thing, a diagnostic pointing at the value instead of the
 key, or a warning turned into an error went unnoticed there. The expectations here
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from registry_coordinator.authoring.artifact import check_source
-from tests.harness import CORPUS
+from tests.support import CORPUS
 
 FILES = sorted((CORPUS / "invalid").glob("*.yaml"))
 EXPECTED = CORPUS / "diagnostics.json"

@@ -6,7 +6,7 @@ from registry_coordinator.authoring.diagnostics import CODES
 from registry_coordinator.http.console.wording import EVENTS
 from registry_coordinator.http.problems import CODES as PROBLEMS
 from registry_coordinator.semantics.codes import FailureCode, HoldCode
-from tests.harness import ROOT
+from tests.support import ROOT
 
 
 def test_every_diagnostic_failure_and_hold_code_is_documented() -> None:

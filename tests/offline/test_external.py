@@ -34,7 +34,7 @@ from registry_coordinator.semantics.steps import (
     enter,
     settle,
 )
-from tests.harness import ROOT
+from tests.support import ROOT
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 #: The review of the office directory the Rust coordinator's tests read.

@@ -17,15 +17,7 @@ import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from .test_properties import (
-    TUTORIAL,
-    TUTORIAL_DIGEST,
-    check,
-    dags,
-    digest_of_yaml,
-    edges,
-    reachable,
-)
+from tests.support import TUTORIAL, TUTORIAL_DIGEST, check, dags, digest_of_yaml, edges, reachable
 
 JSON = Any
 #: What a generated workflow may be refused for besides data flow: the generator leaves

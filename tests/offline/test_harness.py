@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import wait_state
+from tests.support import wait_state
 
 
 def test_waiting_for_a_state_no_run_has_fails_at_once_naming_it() -> None:

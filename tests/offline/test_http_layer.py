@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 from registry_coordinator.store.database import QUERIES
-from tests.harness import ROOT
+from tests.support import ROOT
 
 HTTP = ROOT / "src" / "registry_coordinator" / "http"
 #: The methods of Database and Connection that run a statement or hold a connection.

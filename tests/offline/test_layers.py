@@ -22,7 +22,7 @@ import pytest
 
 from registry_coordinator import store
 from registry_coordinator.store import runs
-from tests.harness import ROOT
+from tests.support import ROOT
 
 PACKAGE = ROOT / "src" / "registry_coordinator"
 LAYERS = [
@@ -172,3 +172,60 @@ def test_the_store_face_is_every_public_name_of_runs() -> None:
     missing = sorted(n for n in defined - set(runs.__all__) if not n.startswith("_"))
     assert not missing, f"not in store.runs.__all__: {missing}"
     assert all(getattr(store, name) is getattr(runs, name) for name in runs.__all__)
+
+
+def _test_imports(path: Path, package: list[str]) -> list[tuple[int, str]]:
+    """The test modules (``test_*``) the module at ``path`` in ``package`` imports, with their
+    line: by name, relatively, or as a member of their package, function-local ones too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names = [module] if "test_" in module else [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [
+            (node.lineno, name)
+            for name in names
+            if any(part.startswith("test_") for part in name.split("."))
+        ]
+    return sorted(found)
+
+
+def test_no_test_module_imports_another() -> None:
+    """What two test modules share lives in tests/support, not in one of them: a test module
+    another imports is a helper library that pytest also collects, and the two change
+    together for reasons that are neither's."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        package = list(path.relative_to(ROOT).parent.parts)
+        found += [
+            f"{path.relative_to(ROOT)}:{line} imports {name}"
+            for line, name in _test_imports(path, package)
+        ]
+    assert not found, "move what they share into tests/support:\n" + "\n".join(found)
+
+
+def test_the_walk_sees_a_test_module_imported(tmp_path: Path) -> None:
+    """The test above can fail: each way of importing a test module, planted in a module of
+    tests/service (one of them inside a function), is found; support modules are not."""
+    planted = tmp_path / "test_planted.py"
+    planted.write_text(
+        "from tests.service.test_results import push\n"
+        "from .test_surface import metrics\n"
+        "from . import test_tracing\n"
+        "def later():\n"
+        "    import tests.chaos.test_chaos\n"
+        "from tests.support import Services\n"
+        "from tests.support.interleave import Failing\n"
+        "from .. import conftest\n"
+    )
+    assert _test_imports(planted, ["tests", "service"]) == [
+        (1, "tests.service.test_results"),
+        (2, "tests.service.test_surface"),
+        (3, "tests.service.test_tracing"),
+        (5, "tests.chaos.test_chaos"),
+    ]

@@ -13,17 +13,13 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from registry_coordinator.authoring.artifact import build
 from registry_coordinator.authoring.canonical import (
     MAX_NESTING,
     UnusableJson,
     canonical_bytes,
-    digest_of,
     nesting,
     strict_json,
 )
-from registry_coordinator.authoring.catalog import builtin_catalog
-from registry_coordinator.authoring.checker import CheckReport, check_document
 from registry_coordinator.authoring.durations import format_duration, parse_duration
 from registry_coordinator.authoring.expressions import (
     Environment,
@@ -31,114 +27,15 @@ from registry_coordinator.authoring.expressions import (
     Scope,
     variables,
 )
-from registry_coordinator.authoring.source import SourceMap, load_yaml
 from registry_coordinator.semantics.steps import BACKOFF_CAP, backoff
 from registry_coordinator.store import wait_due
-from tests.harness import WORKFLOWS
+from tests.support import TUTORIAL, TUTORIAL_DIGEST, check, dags, digest_of_yaml, edges, reachable
 
 JSON = Any
-HEAD = {
-    "apiVersion": "coordinator.registrystack.org/v1alpha1",
-    "kind": "Workflow",
-    "id": "generated",
-    "version": "1",
-    "deadline": "P30D",
-    "input": {"type": "object"},
-    "connections": {"records": "breg", "notices": "messaging"},
-    "outcomes": {"done": {"type": "null"}},
-}
-MESSAGE = {
-    "to": {"email": "a@example.org"},
-    "template": {"id": "t", "version": "1"},
-    "locale": "en",
-    "data": {},
-}
-
-
-@st.composite
-def dags(draw: st.DrawFn) -> dict[str, JSON]:
-    """A workflow whose edges all go forward, so it is acyclic by construction.
-
-    Steps are s0..sN; each non-finish step's edges target later steps, and the last
-    step is a finish. Which steps are reachable is left to chance.
-    """
-    count = draw(st.integers(min_value=2, max_value=24))
-    steps: dict[str, JSON] = {}
-    for i in range(count):
-        later = [f"s{j}" for j in range(i + 1, count)]
-        kind = (
-            "finish"
-            if not later
-            else draw(
-                st.sampled_from(["finish", "choose", "wait-until", "wait-for", "read", "send"])
-            )
-        )
-        pick = st.sampled_from(later) if later else st.nothing()
-        if kind == "finish":
-            steps[f"s{i}"] = {"type": "finish", "outcome": "done"}
-        elif kind == "choose":
-            cases = draw(st.lists(pick, min_size=1, max_size=3))
-            steps[f"s{i}"] = {
-                "type": "choose",
-                "cases": [{"when": f"input.n == {k}", "next": t} for k, t in enumerate(cases)],
-                "otherwise": draw(pick),
-            }
-        elif kind == "wait-until":
-            at = f'run.admitted_at + duration("{i}h")'
-            steps[f"s{i}"] = {"type": "wait-until", "at": at, "next": draw(pick)}
-        elif kind == "wait-for":
-            steps[f"s{i}"] = {
-                "type": "wait-for",
-                "result": "notices.message-delivered",
-                "key": "run.id",
-                "timeout": "P1D",
-                "on-timeout": draw(pick),
-                "next": draw(pick),
-            }
-        elif kind == "read":
-            steps[f"s{i}"] = {
-                "type": "call",
-                "connection": "records",
-                "operation": "read-record",
-                "input": {"collection": "people", "recordId": "${{ run.id }}"},
-                "next": draw(pick),
-            }
-        else:
-            steps[f"s{i}"] = {
-                "type": "call",
-                "connection": "notices",
-                "operation": "submit-message",
-                "input": MESSAGE,
-                "next": draw(pick),
-            }
-    return {**HEAD, "start": "s0", "steps": steps}
-
-
-def edges(document: JSON) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for step_id, step in document["steps"].items():
-        targets = [step.get("next"), step.get("otherwise"), step.get("on-timeout")]
-        targets += [case["next"] for case in step.get("cases", [])]
-        out[step_id] = [t for t in targets if t]
-    return out
-
-
-def reachable(graph: dict[str, list[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        node = todo.pop()
-        if node not in seen:
-            seen.add(node)
-            todo.extend(graph[node])
-    return seen
 
 
 def reachable_from(document: JSON, start: str) -> set[str]:
     return reachable(edges(document), start)
-
-
-def check(document: JSON) -> CheckReport:
-    return check_document(document, SourceMap("generated.yaml"), builtin_catalog())
 
 
 @settings(max_examples=150, deadline=None)
@@ -180,12 +77,6 @@ def test_a_back_edge_always_makes_a_cycle(document: JSON, rnd: random.Random) ->
     assert report.definition is None
 
 
-def digest_of_yaml(text: str) -> str | None:
-    document, source = load_yaml(text.encode(), "workflow.yaml")
-    report = check_document(document, source, builtin_catalog())
-    return digest_of(build(report.definition)) if report.definition else None
-
-
 def shuffled(value: JSON, rnd: random.Random) -> JSON:
     if isinstance(value, dict):
         items = list(value.items())
@@ -194,10 +85,6 @@ def shuffled(value: JSON, rnd: random.Random) -> JSON:
     if isinstance(value, list):
         return [shuffled(v, rnd) for v in value]
     return value
-
-
-TUTORIAL = (WORKFLOWS / "review-application" / "workflow.yaml").read_text()
-TUTORIAL_DIGEST = digest_of_yaml(TUTORIAL)
 
 
 @settings(max_examples=60, deadline=None)

@@ -20,6 +20,7 @@ import pytest
 from quart.typing import TestClientProtocol as Client
 
 from registry_coordinator.config import AuthConfig, ConsoleConfig
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
@@ -42,17 +43,15 @@ NO_CONSOLE = ConsoleConfig(None, None, ("openid",))
 async def client() -> AsyncIterator[Client]:
     """The app over a pool that is never opened: a request that ran a statement would fail."""
     db = Database("postgresql://unused.invalid/none", 1)
-    metrics = Metrics()
+    after = AfterCommit(Metrics())
     timer = Timer(
-        db,
-        timedelta(seconds=60),
-        Sleepers(db, Workflows([]), "test", timedelta(seconds=30), metrics),
+        db, timedelta(seconds=60), Sleepers(db, Workflows([]), "test", timedelta(seconds=30), after)
     )
     async with httpx.AsyncClient() as http:
         issuer = Issuer(NO_AUTH, NO_CONSOLE, http)
         auth = Authenticator(NO_AUTH, http)
         context = api.Context(
-            db, Workflows([]), timer, {}, Listener(db, timer), auth, metrics, issuer
+            db, Workflows([]), timer, {}, Listener(db, timer), auth, after, issuer
         )
         yield api.create_app(context, 1 << 20).test_client()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.harness import WORKFLOWS, coordinator
+from tests.support import WORKFLOWS, coordinator
 
 
 def workflow_with(tmp_path: Path, scenarios: str) -> Path:

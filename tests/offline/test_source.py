@@ -9,7 +9,7 @@ import pytest
 
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.source import MAX_DEPTH, load_yaml
-from tests.harness import WORKFLOWS, coordinator
+from tests.support import WORKFLOWS, coordinator
 
 
 def refused_code(path: Path) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """The ``transition`` statement's parameters, built without PostgreSQL: what each kind
 of transition sets of a run's columns, and how a chain of steps becomes one statement.
 
-tests/test_store.py commits these against PostgreSQL; here the building alone is
+tests/engine/test_store.py commits these against PostgreSQL; here the building alone is
 pinned, column by column, so a column left over from the step before shows up as a
 wrong value, not as a run that misbehaves later.
 """
@@ -51,7 +51,7 @@ from registry_coordinator.store.statements import (
     statement,
     wait_due,
 )
-from tests.harness import TEST_WORKFLOWS
+from tests.support import TEST_WORKFLOWS
 
 NOW = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -339,7 +339,7 @@ def test_what_only_a_holder_acts_on_is_not_committed(transition: Transition) -> 
 
 
 def test_every_state_a_transition_sets_is_a_run_state() -> None:
-    """psycopg sends a RunState as its text (tests/test_store.py checks it does)."""
+    """psycopg sends a RunState as its text (tests/engine/test_store.py reads it back)."""
     review = definition("await-review")
     for transition in (
         Advance("parity", "next"),

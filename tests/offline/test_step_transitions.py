@@ -43,7 +43,7 @@ from registry_coordinator.semantics.steps import (
     path_segment,
     settle,
 )
-from tests.harness import WORKFLOWS, review_result
+from tests.support import WORKFLOWS, review_result
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 READ, MUTATION = "read_application", "notify"

@@ -47,7 +47,7 @@ from registry_coordinator.semantics.steps import (
     result_arrived,
     settle,
 )
-from tests.harness import WORKFLOWS, reply, review_result
+from tests.support import WORKFLOWS, reply, review_result
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.harness import WORKFLOWS, coordinator
+from tests.support import WORKFLOWS, coordinator
 
 SHIPPED = sorted(p for p in WORKFLOWS.iterdir() if (p / "workflow.yaml").is_file())
 

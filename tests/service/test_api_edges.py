@@ -22,6 +22,7 @@ import pytest
 
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.config import Policy
+from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Pinned, Workflows
@@ -31,7 +32,7 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.store.database import Database, sync_connection
 from registry_coordinator.store.operator_actions import set_admission
-from tests.harness import (
+from tests.support import (
     TEST_WORKFLOWS,
     Cluster,
     Service,
@@ -41,9 +42,9 @@ from tests.harness import (
     database,
     delivery_request,
     free_port,
+    rival_while_uncommitted,
     stand_ins,
 )
-from tests.interleave import rival_while_uncommitted
 
 START = {"workflow": "timed-choice", "input": {"answer": "no"}}
 
@@ -256,7 +257,9 @@ async def pinned(db: Database) -> Workflows:
 async def started(db: Database, workflows: Workflows) -> str:
     """A start through admission: the run's id, or the code it was refused with."""
     timer = Timer(
-        db, timedelta(seconds=60), Sleepers(db, workflows, "test", timedelta(seconds=30), Metrics())
+        db,
+        timedelta(seconds=60),
+        Sleepers(db, workflows, "test", timedelta(seconds=30), AfterCommit(Metrics())),
     )
     try:
         run = await admission.start(db, workflows, timer, OPERATOR, uuid.uuid4().hex, START)

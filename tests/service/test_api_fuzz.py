@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import positive_data_acceptance
 
 from registry_coordinator.http.auth import mint
-from tests.harness import Cluster, Services, development_jwt
+from tests.support import Cluster, Services, development_jwt
 
 BODY_LIMIT = 4096
 

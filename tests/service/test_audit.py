@@ -13,7 +13,7 @@ from registry_coordinator.semantics.chain import canonical, parse
 from registry_coordinator.semantics.checkpoints import Leaf, sign, signing_key
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
-from tests.harness import Services, coordinator, events, signing, wait_for, wait_state
+from tests.support import Services, coordinator, events, signing, wait_for, wait_state
 
 NOTIFY: dict[str, tuple[str, dict[str, str]]] = {"notices": ("messaging", {})}
 

@@ -7,7 +7,6 @@ halves are in the JWKS file the service is configured with.
 from __future__ import annotations
 
 import base64
-import json
 import socket
 import time
 import uuid
@@ -17,71 +16,20 @@ from typing import Any
 import h11
 import jwt
 import pytest
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER
-from tests.harness import Service, Services, coordinator, h11_answer
-
-KEYS: dict[str, tuple[str, Any]] = {
-    "ed": ("EdDSA", Ed25519PrivateKey.generate()),
-    "rsa": ("RS256", rsa.generate_private_key(public_exponent=65537, key_size=2048)),
-    "ec": ("ES256", ec.generate_private_key(ec.SECP256R1())),
-}
-POLICIES = [
-    {
-        "client": "case-portal",
-        "scopes": ["coordinator.runs"],
-        "workflows": ["timed-choice"],
-        "actions": ["start", "read", "cancel"],
-    },
-    {
-        "client": "other-portal",
-        "scopes": ["coordinator.runs"],
-        "workflows": ["*"],
-        "actions": ["start", "read"],
-    },
-    {
-        "client": "case-portal",
-        "scopes": ["coordinator.deadlines"],
-        "workflows": ["deadline"],
-        "actions": ["start", "read"],
-    },
-    {"client": "registry-operators", "scopes": ["coordinator.operate"], "operator": True},
-]
-
-
-def jwks(directory: Path) -> Path:
-    entries = []
-    for kid, (algorithm, key) in KEYS.items():
-        public = jwt.get_algorithm_by_name(algorithm).to_jwk(key.public_key(), as_dict=True)
-        entries.append({**public, "kid": kid, "alg": algorithm, "use": "sig"})
-    path = directory / "jwks.json"
-    path.write_text(json.dumps({"keys": entries}))
-    return path
-
-
-def token(
-    client: str,
-    scopes: str = "coordinator.runs",
-    *,
-    kid: str = "ed",
-    key: Any = None,
-    **claims: Any,
-) -> str:
-    algorithm, signing = KEYS[kid]
-    now = int(time.time())
-    body = {
-        "iss": DEVELOPMENT_ISSUER,
-        "aud": DEVELOPMENT_AUDIENCE,
-        "client_id": client,
-        "scope": scopes,
-        "iat": now,
-        "exp": now + 300,
-        "jti": uuid.uuid4().hex,
-        **claims,
-    }
-    return jwt.encode(body, key or signing, algorithm=algorithm, headers={"kid": kid})
+from tests.support import (
+    KEYS,
+    POLICIES,
+    Service,
+    Services,
+    call,
+    coordinator,
+    h11_answer,
+    jwks,
+    token,
+)
 
 
 @pytest.fixture
@@ -95,13 +43,6 @@ def service(services: Services, tmp_path: Path) -> Service:
         "policies": POLICIES,
     }
     return services(["timed-choice", "deadline"], extra={"auth": auth})
-
-
-def call(service: Service, method: str, path: str, bearer: str | None, **kwargs: Any) -> Any:
-    headers = kwargs.pop("headers", {})
-    if bearer is not None:
-        headers["Authorization"] = f"Bearer {bearer}"
-    return service.http.request(method, path, headers=headers, **kwargs)
 
 
 def start(service: Service, bearer: str, workflow: str = "timed-choice") -> Any:

@@ -24,16 +24,17 @@ from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.http.auth import mint
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     TEST_WORKFLOWS,
     Cluster,
     Service,
     Services,
+    Uncommitted,
+    blocked_or_done,
     database,
     development_jwt,
     wait_for,
 )
-from tests.interleave import Uncommitted, blocked_or_done
 
 #: A trace the caller started its runs in (W3C traceparent).
 CALLER_TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 from registry_coordinator.http.console import wording
 from registry_coordinator.semantics.codes import RunState
-from tests.harness import (
+from tests.support import (
     HANG_ONCE,
     QUIET,
     Service,
@@ -26,10 +26,10 @@ from tests.harness import (
     coordinator,
     decide,
     events,
+    new_review,
     wait_for,
     wait_state,
 )
-from tests.service.test_results import new_review
 
 
 def kinds(history: list[dict[str, Any]]) -> list[str]:

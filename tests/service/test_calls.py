@@ -16,7 +16,7 @@ import httpx
 
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     STANDIN_TOKEN,
     Service,
     Services,

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from tests.harness import ROOT, WORKFLOWS, Services, coordinator, process_env
+from tests.support import ROOT, WORKFLOWS, Services, coordinator, process_env
 
 
 def _taken() -> socket.socket:
@@ -57,6 +57,7 @@ def test_a_pipe_closed_early_ends_the_command_quietly() -> None:
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # before it writes a byte
     errors = process.stderr.read().decode()
+    process.stderr.close()
     assert process.wait(60) == 0, errors
     assert errors == ""
 

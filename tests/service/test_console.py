@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import httpx
@@ -16,7 +18,7 @@ import pytest
 
 from registry_coordinator.http.console.render import CSP
 from registry_coordinator.semantics.codes import RunState
-from tests.harness import (
+from tests.support import (
     CONSOLE_CLIENT,
     HANG_ONCE,
     Forms,
@@ -43,10 +45,17 @@ def _form(page: str, button: str) -> tuple[str, dict[str, str]]:
     return form.action, dict(form.fields)
 
 
-def sign_in(service: Service, person: str) -> httpx.Client:
+@pytest.fixture
+def opened() -> Iterator[ExitStack]:
+    """The browser-like clients a test opens, closed when it ends."""
+    with ExitStack() as stack:
+        yield stack
+
+
+def sign_in(opened: ExitStack, service: Service, person: str) -> httpx.Client:
     """A browser-like client signed in to the console as ``person`` at the stand-in issuer,
-    following every step the browser follows."""
-    browser = httpx.Client(base_url=service.url, timeout=30)
+    following every step the browser follows (closed with ``opened``)."""
+    browser = opened.enter_context(httpx.Client(base_url=service.url, timeout=30))
     first = browser.get("/console/runs?state=held")
     assert first.status_code == 303, first.text
     assert first.headers["Location"] == "/console/sign-in?next=%2Fconsole%2Fruns%3Fstate%3Dheld"
@@ -82,10 +91,10 @@ def held(dsn: str, services: Services) -> tuple[Service, StandIns, str]:
 
 
 def test_an_operator_signs_in_and_reconciles_with_a_reason(
-    dsn: str, held: tuple[Service, StandIns, str]
+    dsn: str, held: tuple[Service, StandIns, str], opened: ExitStack
 ) -> None:
     service, products, run = held
-    browser = sign_in(service, "ada")
+    browser = sign_in(opened, service, "ada")
     landing = browser.get("/console/")
     assert landing.status_code == 200
     assert "Signed in as <strong>ada (registry-operators)</strong>" in landing.text
@@ -124,10 +133,10 @@ def test_an_operator_signs_in_and_reconciles_with_a_reason(
 
 
 def test_a_form_without_its_token_or_from_elsewhere_changes_nothing(
-    dsn: str, held: tuple[Service, StandIns, str]
+    dsn: str, held: tuple[Service, StandIns, str], opened: ExitStack
 ) -> None:
     service, _, run = held
-    browser = sign_in(service, "ada")
+    browser = sign_in(opened, service, "ada")
     _, fields = _form(browser.get(f"/console/runs/{run}/cancel").text, "Review…")
     fields["reason"] = "forged"
     target = f"/console/runs/{run}/cancel"
@@ -147,10 +156,10 @@ def test_a_form_without_its_token_or_from_elsewhere_changes_nothing(
 
 
 def test_a_caller_without_operator_rights_sees_no_actions_and_is_refused(
-    dsn: str, held: tuple[Service, StandIns, str]
+    dsn: str, held: tuple[Service, StandIns, str], opened: ExitStack
 ) -> None:
     service, _, run = held
-    browser = sign_in(service, "sam")
+    browser = sign_in(opened, service, "sam")
     page = browser.get(f"/console/runs/{run}")
     assert page.status_code == 200
     assert "sam (case-portal)" in page.text
@@ -167,10 +176,10 @@ def test_a_caller_without_operator_rights_sees_no_actions_and_is_refused(
 
 
 def test_a_sign_in_is_used_once_and_sign_out_ends_the_session(
-    held: tuple[Service, StandIns, str],
+    held: tuple[Service, StandIns, str], opened: ExitStack
 ) -> None:
     service, _, _ = held
-    browser = httpx.Client(base_url=service.url, timeout=30)
+    browser = opened.enter_context(httpx.Client(base_url=service.url, timeout=30))
     start = browser.get("/console/sign-in")
     authorize = start.headers["Location"]
     action, fields = _form(httpx.get(authorize).text, "Sign in as ada")
@@ -183,7 +192,7 @@ def test_a_sign_in_is_used_once_and_sign_out_ends_the_session(
     assert replay.status_code == 400
     assert "console.sign-in-failed" in replay.text
 
-    signed = sign_in(service, "ada")
+    signed = sign_in(opened, service, "ada")
     page = signed.get("/console/")
     csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert csrf is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.harness import ROOT, coordinator, process_env
+from tests.support import ROOT, coordinator, process_env
 
 
 def test_the_demo_ends_approved_and_notified_and_runs_again(tmp_path: Path) -> None:
@@ -111,6 +111,8 @@ def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
     finally:
         if demo.poll() is None:
             demo.kill()
+            demo.wait(10)
+        demo.stdout.close()
     try:
         httpx.get(f"{url}/health", timeout=2)
         raise AssertionError("the service still answers after Ctrl-C")
@@ -144,6 +146,8 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
     finally:
         if demo.poll() is None:
             demo.kill()
+            demo.wait(10)
+        demo.stdout.close()
     for address in [f"{url}/health", *products]:
         try:
             httpx.get(address, timeout=2)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from registry_coordinator.observability.tracing import OTLP_EXPORTER
 from registry_coordinator.store.migrations import known
-from tests.harness import Services, coordinator
+from tests.support import Services, coordinator
 
 NOTIFY: dict[str, tuple[str, dict[str, str]]] = {"notices": ("messaging", {})}
 

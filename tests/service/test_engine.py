@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from registry_coordinator.store.database import QUERIES, sync_connection
-from tests.harness import Cluster, Services, migrate, old_postgres, wait_state, write_config
+from tests.support import Cluster, Services, migrate, old_postgres, wait_state, write_config
 
 
 def instant(text: str) -> datetime:

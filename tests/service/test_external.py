@@ -15,7 +15,7 @@ import pytest
 
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.engine.workflows import load_service
-from tests.harness import ROOT, Service, Services, StandIns, bound_to_one, wait_state
+from tests.support import ROOT, Service, Services, StandIns, bound_to_one, wait_state
 
 WORKFLOW = ROOT / "tests" / "workflows" / "external-read.yaml"
 

@@ -18,20 +18,21 @@ import pytest
 
 from registry_coordinator.authoring.canonical import canonical_bytes, digest_of
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     Service,
     Services,
     completion_request,
     decide,
     events,
+    new_review,
+    notify_with_oauth2,
     package,
+    push,
+    pushing,
     run_state,
     wait_for,
     wait_state,
 )
-
-from .test_operations import notify_with_oauth2
-from .test_results import new_review, push, pushing
 
 REASON = {"reason": "OPS-31: the product was fixed"}
 

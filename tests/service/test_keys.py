@@ -26,9 +26,7 @@ import trio
 from registry_coordinator.config import AuthConfig, load_config
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, DEVELOPMENT_ISSUER, Authenticator
 from registry_coordinator.http.problems import Problem
-from tests.harness import Service, Services, coordinator, refused
-
-from .test_auth import KEYS, POLICIES, call, jwks, token
+from tests.support import KEYS, POLICIES, Service, Services, call, coordinator, jwks, refused, token
 
 
 def published(directory: Path, kids: list[str]) -> bytes:

@@ -17,7 +17,7 @@ from typing import Any
 import promql_parser
 import yaml
 
-from tests.harness import ROOT, Services
+from tests.support import ROOT, Services
 
 RULES = ROOT / "config" / "prometheus" / "alerts.yaml"
 DASHBOARD = ROOT / "config" / "grafana" / "registry-coordinator.json"

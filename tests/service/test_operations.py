@@ -4,37 +4,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     STANDIN_TOKEN,
-    Service,
     Services,
-    StandIns,
     events,
     free_port,
+    notify_with_oauth2,
     oauth2,
     run_state,
     wait_for,
     wait_state,
 )
-
-
-def notify_with_oauth2(
-    services: Services, monkeypatch: pytest.MonkeyPatch, **options: Any
-) -> tuple[Service, StandIns]:
-    """The notify workflow against a Messaging stand-in that takes tokens from the stand-in
-    IdP, where Coordinator authenticates with a client secret."""
-    idp = free_port()
-    monkeypatch.setenv("STANDIN_CLIENT_SECRET", "s3cret-for-tests")  # the service's and IdP's
-    identity = oauth2(idp, clientSecret="env:STANDIN_CLIENT_SECRET")
-    notices = {"notices": ("messaging", {"identity": identity})}
-    return services.deploy(["notify"], notices, also={"idp": idp}, **options)
 
 
 def test_client_secret_tokens_are_fetched_once_and_reused(

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from registry_coordinator import store
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     Cluster,
     Services,
     connection,

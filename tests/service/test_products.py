@@ -1,7 +1,7 @@
 """The products as their published contracts have them, end to end, through real processes.
 
 Each test runs ``coordinator serve`` against the stand-in products on loopback, which
-answer as the real products' contracts say (tests/offline/test_contracts.py holds them
+answer as the real products' contracts say (tests/contracts/test_standins.py holds them
 to the fixtures written from those contracts): BReg's actions prepared from the
 registry's metadata and frozen; an unknown outcome asked about (a receipt looked up, or
 the identical request sent again) before a run is held; Casework's completions pushed
@@ -23,7 +23,7 @@ from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.engine.workflows import read_service
 from registry_coordinator.semantics.codes import FailureCode, HoldCode, RunState
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     STANDIN_TOKEN,
     Services,
     completion_request,

@@ -8,9 +8,7 @@ from collections import Counter
 
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
-from tests.harness import HANG_ONCE, QUIET, Services, decide, wait_state
-from tests.service.test_results import new_review, push
-from tests.service.test_surface import metrics
+from tests.support import HANG_ONCE, QUIET, Services, decide, metrics, new_review, push, wait_state
 
 
 def held_for(dsn: str, run: str) -> float:

@@ -21,62 +21,27 @@ import pytest
 
 from registry_coordinator.http.webhooks import SIGNATURE_HEADER
 from registry_coordinator.store.database import QUERIES, sync_connection
-from tests.harness import (
+from tests.support import (
     QUIET,
     STANDIN_TOKEN,
-    WEBHOOK_SECRET,
     Service,
     Services,
-    StandIns,
-    completion_request,
     decide,
+    deliver,
     delivery_request,
     events,
+    metrics,
+    new_review,
+    push,
+    pushing,
+    reviews,
     run_state,
     until,
     wait_state,
 )
-from tests.service.test_surface import metrics
 
 AUTH = {"Authorization": f"Bearer {STANDIN_TOKEN}"}
 #: Casework's feed and the slow poll, neither of them read while a case runs.
-
-
-def reviews(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The one connection these tests use: Casework, accepting webhooks the tests sign."""
-    return {"reviews": ("casework", {"webhookSecret": "env:STANDIN_WEBHOOK_SECRET", **settings})}
-
-
-def pushing(**settings: Any) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The one connection: Casework, taking its pushed completions with the tests' secret
-    (pushed by the test, or by the stand-in when deployed with ``webhooks``), its feed
-    and the slow poll quiet unless ``settings`` say otherwise."""
-    completions = {"completions": {"secret": "env:STANDIN_WEBHOOK_SECRET"}}
-    return {"reviews": ("casework", {**completions, **QUIET, **settings})}
-
-
-def new_review(products: StandIns) -> str:
-    """A review request at the stand-in Casework, not decided yet."""
-    return products.review()
-
-
-def deliver(
-    service: Service,
-    body: dict[str, Any],
-    *,
-    connection_name: str = "reviews",
-    secret: str = WEBHOOK_SECRET,
-    at: float | None = None,
-) -> httpx.Response:
-    return service.http.post(**delivery_request(body, connection_name, secret=secret, at=at))
-
-
-def push(service: Service, request_id: str, event_id: str) -> httpx.Response:
-    """Casework's ``review.completed`` for ``request_id``, as its outbox pushes it; it is
-    acknowledged with an empty 204 alone, whatever became of it."""
-    response = service.http.post(**completion_request(request_id, event_id=event_id))
-    assert (response.status_code, response.content) == (204, b""), response.text
-    return response
 
 
 def deliveries(service: Service) -> dict[str, float]:

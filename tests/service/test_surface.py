@@ -9,21 +9,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from registry_coordinator.http.auth import mint
-from tests.harness import ROOT, Service, Services, development_jwt, process_env, wait_state
-
-
-def metrics(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = service.http.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    found = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
+from tests.support import ROOT, Services, development_jwt, metrics, process_env, wait_state
 
 
 def test_metrics_parse_and_move_with_runs(dsn: str, services: Services) -> None:

@@ -12,7 +12,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from registry_coordinator import cli
-from tests.harness import ROOT, Service, Services
+from tests.support import ROOT, Service, Services
 
 STALL = 3.0  # seconds the test has the service's event loop blocked
 
@@ -74,6 +74,7 @@ def test_a_test_acting_as_systemd_sees_ready_watchdog_and_stopping(
     finally:
         if service.process.poll() is None:
             service.process.kill()
+        service.http.close()
         systemd.close()
     after_term = [line for _, line in received[stopping_at:]]
     assert "STOPPING=1" in after_term, after_term
@@ -95,7 +96,7 @@ def test_systemd_analyze_accepts_the_unit_file(tmp_path: Path) -> None:
     assert settings["NotifyAccess"] == "main"  # the supervisor, or the one process, speaks
     default = settings["Environment"].removeprefix("COORDINATOR_PROCESSES=")
     command = shlex.split(settings["ExecStart"].replace("${COORDINATOR_PROCESSES}", default))
-    assert cli._parser().parse_args(command[1:]).processes == 1
+    assert cli.parser().parse_args(command[1:]).processes == 1
     executable = shutil.which("coordinator") or str(ROOT / ".venv" / "bin" / "coordinator")
     # Verified as shipped, with ExecStart pointing at this installation's coordinator.
     local = tmp_path / "registry-coordinator.service"

@@ -36,18 +36,18 @@ from registry_coordinator.observability.logs import JsonLines
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Send, on_due
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     QUIET,
     Services,
     admit,
     database,
     decide,
     free_port,
+    new_review,
     reply,
     run_state,
     wait_state,
 )
-from tests.service.test_results import new_review
 
 #: Seconds after which a test waiting for the service is failed as hung, not timed.
 HANG = 60

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness import ROOT, free_port, python_env
+from tests.support import ROOT, free_port, python_env
 
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 SCENARIOS = ROOT / "workflows" / "review-application" / "scenarios.yaml"

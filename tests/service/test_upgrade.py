@@ -22,7 +22,7 @@ import trio
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.store import migrations
 from registry_coordinator.store.database import sync_connection
-from tests.harness import (
+from tests.support import (
     HANG_ONCE,
     STANDIN_TOKEN,
     Cluster,
@@ -31,13 +31,14 @@ from tests.harness import (
     coordinator,
     database,
     decide,
+    deliver,
     events,
+    new_review,
+    reviews,
     run_state,
     until,
     wait_state,
 )
-
-from .test_results import deliver, new_review, reviews
 
 #: The schema version before the one this upgrade is about.
 PREVIOUS = 8

@@ -1,0 +1,52 @@
+"""Workflow documents read in this process: checked against the built-in catalog, their
+digest, their steps' graph (its edges, what is reachable from a step), and the tutorial's
+workflow with its digest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry_coordinator.authoring.artifact import build
+from registry_coordinator.authoring.canonical import digest_of
+from registry_coordinator.authoring.catalog import builtin_catalog
+from registry_coordinator.authoring.checker import CheckReport, check_document
+from registry_coordinator.authoring.source import SourceMap, load_yaml
+from tests.support.paths import WORKFLOWS
+
+JSON = Any
+
+
+def edges(document: JSON) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for step_id, step in document["steps"].items():
+        targets = [step.get("next"), step.get("otherwise"), step.get("on-timeout")]
+        targets += [case["next"] for case in step.get("cases", [])]
+        out[step_id] = [t for t in targets if t]
+    return out
+
+
+def reachable(graph: dict[str, list[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph[node])
+    return seen
+
+
+def check(document: JSON) -> CheckReport:
+    return check_document(document, SourceMap("generated.yaml"), builtin_catalog())
+
+
+def digest_of_yaml(text: str) -> str | None:
+    document, source = load_yaml(text.encode(), "workflow.yaml")
+    report = check_document(document, source, builtin_catalog())
+    return digest_of(build(report.definition)) if report.definition else None
+
+
+#: The tutorial's workflow (workflows/review-application), as its YAML, and its digest.
+TUTORIAL = (WORKFLOWS / "review-application" / "workflow.yaml").read_text()
+
+
+TUTORIAL_DIGEST = digest_of_yaml(TUTORIAL)
