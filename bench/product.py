@@ -4,13 +4,15 @@ The stand-ins of the tests (Quart on Trio) cost more CPU per request than either
 own work on a step would, so a throughput comparison through them would measure a Python
 web framework. This server is as little as answers the two BReg operations the benchmark
 workflow calls (`read-record`, `invoke-action` in
-src/registry_coordinator/authoring/products/breg.yaml), and Casework's
-`read-review-result` for the wake benchmark (every review approved), with bodies that
-satisfy their response schemas: the standard library's `ThreadingHTTPServer`, HTTP/1.1 keep-alive, a
-thread per connection, Nagle off. It honours `Idempotency-Key` as a product must (a
-repeated key gets the original answer and changes nothing) and counts what it was asked,
-so the benchmark can check that both engines made exactly one read and one mutation per
-run, each mutation with a key of its own.
+src/registry_coordinator/authoring/products/breg.yaml), and for the wake benchmark
+Casework's `read-review-result` (every review approved, under the requester profile
+`Registry-Casework-Profile` names) and its result feed (always empty, so that only the
+benchmark's pushed `review.completed` events wake runs), with bodies that satisfy their
+response schemas (src/registry_coordinator/authoring/products/casework.yaml): the standard
+library's `ThreadingHTTPServer`, HTTP/1.1 keep-alive, a thread per connection, Nagle off. It
+honours `Idempotency-Key` as a product must (a repeated key gets the original answer and
+changes nothing) and counts what it was asked, so the benchmark can check that both engines
+made exactly one read and one mutation per run, each mutation with a key of its own.
 
 Run as a process of its own (`python bench/product.py PORT`) so its CPU is measured apart
 from the engines'. `bare_pairs` is the same two calls from threads with no engine between:
@@ -35,12 +37,32 @@ from typing import Any, Protocol
 import httpx
 import psutil
 
-#: What the engines send (the tests' stand-in token, `tests.harness.STANDIN_TOKEN`); a
+#: What the engines send (bench/support.py gives them the token, as the stand-ins'); a
 #: request without it is refused, so neither side can skip the header's cost.
 AUTHORIZATION = "Bearer test-token-1"
 READ = re.compile(r"^/v1/records/(?P<collection>[a-z][a-z0-9-]{0,63})/(?P<record>[^/]+)$")
 MUTATE = re.compile(r"^/v1/actions/(?P<action>[a-z][a-z0-9-]{0,63})$")
 RESULT = re.compile(r"^/v1/review-requests/(?P<request>[^/]+)/result$")
+FEED = re.compile(r"^/v1/review-results(\?.*)?$")
+#: The requester profile the wake benchmark's Casework connection is granted
+#: (bench/support.py's ``connection``), as Casework's ``Registry-Casework-Profile``.
+CASEWORK_PROFILE = "coordinator"
+#: What every review result this server answers holds besides its request's id: one
+#: subject version, reviewed under one policy, approved (casework.yaml's ReviewResult).
+REVIEWED = {
+    "subject": {
+        "source": "applications",
+        "type": "application",
+        "id": "bench",
+        "version": "1",
+        "digest": "sha256:" + "5e" * 32,
+    },
+    "policy": {"id": "application-review", "version": "1", "digest": "sha256:" + "9c" * 32},
+    "submissionDigest": "sha256:" + "d1" * 32,
+    "status": "approved",
+    "completedAt": "2026-12-01T09:00:00Z",
+    "availableUntil": "2027-03-01T09:00:00Z",
+}
 
 
 @dataclass
@@ -80,8 +102,13 @@ class Handler(BaseHTTPRequestHandler):
             self._refuse()
             return
         decided = RESULT.match(self.path)
-        if decided is not None:
-            self._decided(decided["request"])
+        if decided is not None or FEED.match(self.path):
+            if self.headers.get("Registry-Casework-Profile") != CASEWORK_PROFILE:
+                self._refuse()
+            elif decided is not None:
+                self._decided(decided["request"])
+            else:  # the result feed: nothing on it, so only the pushed events wake runs
+                self._answer(200, b'{"items": []}')
             return
         match = READ.match(self.path)
         if match is None:
@@ -129,13 +156,7 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(200, answer)
 
     def _decided(self, request: str) -> None:
-        body = {
-            "requestId": request,
-            "decision": "approved",
-            "decidedAt": "2026-12-01T09:00:00Z",
-            "reviewer": "bench",
-            "comment": None,
-        }
+        body = {"resultId": f"result-{request}", "requestId": request, **REVIEWED}
         with self.counters.lock:
             self.counters.results += 1
         self._answer(200, json.dumps(body).encode())
@@ -167,11 +188,10 @@ class Product:
     def __init__(self, port: int, log: Path) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=log.open("ab"),
-        )
+        with log.open("ab") as stderr:  # the child's own from here
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, str(port)], stdout=subprocess.DEVNULL, stderr=stderr
+            )
         self.cpu = psutil.Process(self.process.pid)
         deadline = time.monotonic() + 30
         while True:

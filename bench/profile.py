@@ -66,8 +66,8 @@ class Profile:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Profile:
-        log = self.path.with_suffix(".log").open("wb")
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        with self.path.with_suffix(".log").open("wb") as log:  # the child's own from here
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
         return self
 
     def __exit__(

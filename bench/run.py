@@ -5,6 +5,11 @@ the same machine (this machine is shared and noisy: compare ratios and medians,
 not single absolute times). Everything runs for real: the embedded PostgreSQL 18,
 `coordinator serve` and stand-in products as separate processes on loopback.
 
+The benchmarks' own helpers are this checkout's (its src/ comes first); the processes they
+start (`python -m registry_coordinator serve`, `migrate`, `stand-ins`) are whatever build
+their PYTHONPATH finds: `PYTHONPATH=OTHER/src bench/run.py ...` measures another build's
+service with these benchmarks (its workflow format must be this one's).
+
   throughput  runs of a four-step workflow, several worker counts, beside pgbench
   wake        webhook accepted -> next step committed, thousands of waiting runs
   timers      10,000 wait-untils due at one instant, in one second, over a minute
@@ -15,6 +20,7 @@ not single absolute times). Everything runs for real: the embedded PostgreSQL 18
   checkpoints throughput with signed checkpoints and without
   archiving   throughput while retention archives a backlog, and without
   client      one statement's CPU by database client: blocking, asyncio, trio-asyncio, threads
+              (needs the `bench` extra too)
   peer        runs started through the API beside DBOS Transact 3.4 and the bare HTTP calls
               (needs the `bench` extra: pip install -e '.[bench]')
 """
@@ -32,34 +38,38 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
-from bench.client import client  # noqa: E402
 from bench.product import Product  # noqa: E402
 from bench.profile import Profile, summary  # noqa: E402
-from tests.harness import (  # noqa: E402
+from bench.support import (  # noqa: E402
+    COMPLETIONS,
     PG_BIN,
     Cluster,
     Service,
+    completion_delivery,
     connection,
-    delivery_request,
     free_port,
     migrate,
     put_to_sleep,
+    service,
     signing,
     stand_ins,
-    wait_for,
+    wait_ended,
+    wait_ready,
+    wait_runs,
     write_config,
 )
+from bench.versus import peer as side_by_side  # noqa: E402
 
 from registry_coordinator.config import load_config  # noqa: E402
 from registry_coordinator.store.database import QUERIES, sync_connection  # noqa: E402
@@ -80,36 +90,9 @@ def ms(value: float) -> str:
     return f"{value * 1000:.1f} ms"
 
 
-@contextmanager
-def service(
-    cluster: Cluster, directory: Path, workflows: list[str], processes: int = 1, **options: Any
-) -> Iterator[tuple[Service, str]]:
-    """``coordinator serve`` on a new database; with ``processes`` above one, as
-    ``serve --processes N`` does it: children of one supervisor sharing one port."""
-    dsn = cluster.create_database()
-    config = write_config(directory, dsn, workflows, **options)
-    migrate(config)
-    args = ("--processes", str(processes)) if processes > 1 else ()
-    running = Service(config, directory / "service.log", args=args).wait_listening(60)
-    try:
-        yield running, dsn
-    finally:
-        if running.process.poll() is None:
-            running.stop()
-
-
-def wait_ready(running: Service, timeout: float = 120) -> None:
-    """Until the service answers /ready with 200, polled every 10 ms to time its startup."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if running.process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"benchmark: the service did not get ready (see {running.log})")
-        try:
-            if running.http.get("/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.01)
+#: bench-four's input for the n-th run: a record id as BReg's are, a canonical lowercase
+#: UUID (breg.yaml's read-record refuses any other before it is sent).
+RECORDS = "jsonb_build_object('recordId', md5('app-' || n)::uuid::text)"
 
 
 def bulk_admit(dsn: str, workflow: str, count: int, inputs: str, due_in: float, step: str) -> None:
@@ -169,20 +152,6 @@ def bulk_ended(dsn: str, workflow: str, count: int) -> None:
             """,
             {"workflow": workflow, "count": count},
         )
-
-
-def wait_ended(dsn: str, count: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    with sync_connection(dsn) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(  # the runs bulk_admit made, not bulk_ended's
-                "SELECT count(*) AS n FROM runs WHERE ended_at IS NOT NULL "
-                "AND start_key NOT LIKE 'old-%%'"
-            )
-            if (row.fetchone() or {"n": 0})["n"] >= count:
-                return
-            time.sleep(0.25)
-    raise SystemExit(f"benchmark: not all {count} runs ended within {timeout} s")
 
 
 # --- throughput ---------------------------------------------------------------------------
@@ -285,10 +254,9 @@ def _throughput_once(
     ):
         if ended:
             bulk_ended(dsn, "bench-four", ended)
-        bulk_admit(
-            dsn, "bench-four", runs, "jsonb_build_object('recordId', 'app-' || n)", 2.0, "read"
-        )
+        bulk_admit(dsn, "bench-four", runs, RECORDS, 2.0, "read")
         wait_ended(dsn, runs, 600)
+        check_bench_four(dsn, breg, runs)
         with sync_connection(dsn) as conn:
             row = conn.execute(
                 "SELECT EXTRACT(EPOCH FROM max(ended_at) - min(admitted_at))::float8 - 2.0 "
@@ -298,6 +266,32 @@ def _throughput_once(
             ).fetchone()
     assert row is not None
     return row["seconds"], row["steps"]
+
+
+def check_bench_four(dsn: str, breg: int, runs: int) -> None:
+    """Stop the benchmark unless each of the ``runs`` runs of bench-four finished ``acted``
+    and the BReg stand-in on port ``breg`` was asked, per run, one record read and one
+    action invoked with a key of its own (besides the action's preparation: the registry's
+    metadata and the target's conditions), nothing refused or repeated."""
+    with sync_connection(dsn) as conn:
+        ends = conn.execute(
+            "SELECT state, outcome, failure_code, hold_code, min(detail) AS detail, count(*) AS n"
+            " FROM runs WHERE start_key LIKE 'k%%' GROUP BY 1, 2, 3, 4"
+        ).fetchall()
+    wrong = [e for e in ends if (e["state"], e["outcome"]) != ("finished", "acted")]
+    if wrong:
+        raise SystemExit(f"benchmark: runs of bench-four did not all finish acted: {wrong}")
+    ledger = httpx.get(f"http://127.0.0.1:{breg}/_control/ledger", timeout=60).json()
+    asked = ledger["requests"]
+    reads = [r for r in asked if r["method"] == "GET" and r["path"].startswith("/v1/records/")]
+    acts = [r for r in asked if r["method"] == "POST" and r["path"] == "/v1/actions/mark-reviewed"]
+    refused = [r for r in asked if not 200 <= r.get("status", 0) < 300]
+    keys = {r["key"] for r in acts}
+    if not len(reads) == len(acts) == len(keys) == runs or refused:
+        raise SystemExit(
+            f"benchmark: BReg was asked {len(reads)} reads and {len(acts)} actions with "
+            f"{len(keys)} keys for {runs} runs, {len(refused)} refused (first {refused[:1]})"
+        )
 
 
 def checkpointing(cluster: Cluster, directory: Path, runs: int, rounds: int) -> None:
@@ -372,14 +366,14 @@ def wake(
     rates: list[float],
     profile: Path | None = None,
 ) -> None:
-    """At each of ``rates``, a new service with ``waiting`` runs waiting. Casework is
-    bench/product.py (every review approved), not the tests' stand-in, so that its cost is
-    not the engine's; it is printed apart. With ``profile``, py-spy samples serve while the
-    webhooks are delivered."""
+    """At each of ``rates``, a new service with ``waiting`` runs waiting, each woken by the
+    ``review.completed`` Casework pushes for its review (as Casework's outbox sends it:
+    bench/support.py's ``completion_delivery``), then reading the result. Casework is
+    bench/product.py (every review approved, its result feed empty), not the tests'
+    stand-in, so that its cost is not the engine's; it is printed apart. With ``profile``,
+    py-spy samples serve while the webhooks are delivered."""
     casework = Product(free_port(), directory / "product.log")
-    reviews = connection(
-        "casework", casework.port, webhookSecret="env:STANDIN_WEBHOOK_SECRET", poolSize=16
-    )
+    reviews = connection("casework", casework.port, completions=COMPLETIONS, poolSize=16)
     try:
         for rate in rates:
             with service(
@@ -398,7 +392,7 @@ def wake(
 def _wake(
     running: Service, dsn: str, casework: Product, waiting: int, rate: float, profile: Path | None
 ) -> None:
-    keys = [f"review-{n}" for n in range(waiting)]
+    keys = [str(uuid.uuid4()) for _ in range(waiting)]  # review request ids are UUIDs
     with sync_connection(dsn) as conn:
         conn.execute("CREATE TEMP TABLE bench_keys (n int, key text)")
         with conn.cursor().copy("COPY bench_keys FROM STDIN") as copy:
@@ -420,7 +414,7 @@ def _wake(
             SELECT id, 1, admitted_at, 'admitted', step, 'bench', '{}' FROM made
             """
         )
-    wait_for(dsn, "SELECT count(*) FROM runs WHERE state = 'waiting'", waiting, 300)
+    wait_runs(dsn, "state = 'waiting'", waiting, 300)
     serve = psutil.Process(running.process.pid)
     cpu = _cpu(serve), _cpu(casework.cpu)
     read_before = casework.counters()["results"]  # one Casework serves every rate's round
@@ -432,6 +426,14 @@ def _wake(
         answered, sending = deliver_at(running.url, keys, rate)
     wait_ended(dsn, waiting, 300)
     elapsed = time.monotonic() - started
+    with sync_connection(dsn) as conn:
+        ends = conn.execute(
+            "SELECT state, outcome, output, hold_code, count(*) AS n FROM runs GROUP BY 1, 2, 3, 4"
+        ).fetchall()
+    if [(e["state"], e["outcome"], e["output"]) for e in ends] != [
+        ("finished", "decided", {"decision": "approved"})
+    ]:
+        raise SystemExit(f"benchmark: the runs did not all finish decided, approved: {ends}")
     serve_ms, casework_ms = (
         (_cpu(p) - before) * 1000 / waiting
         for p, before in zip((serve, casework.cpu), cpu, strict=True)
@@ -478,10 +480,12 @@ SENDERS = 32
 
 
 def deliver_at(url: str, keys: list[str], rate: float) -> tuple[list[float], float]:
-    """Deliver a decided result for each key, the n-th at n / ``rate`` seconds, from
-    :data:`SENDERS` threads (one connection each); how long each took to be answered,
-    and how long the sending took."""
+    """Push Casework's ``review.completed`` for each key (a review request's id), the n-th
+    at n / ``rate`` seconds, from :data:`SENDERS` threads (one connection each); how long
+    each took to be acknowledged (an empty 204, as Casework's outbox requires), and how
+    long the sending took."""
     answered: list[float] = []
+    refused: list[str] = []
     started = time.monotonic()
 
     def sender(first: int) -> None:
@@ -490,16 +494,22 @@ def deliver_at(url: str, keys: list[str], rate: float) -> tuple[list[float], flo
                 pause = started + n / rate - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
-                body = {"result": "review-decision", "key": keys[n], "eventId": f"bench-{n}"}
+                delivery = completion_delivery(keys[n])
                 sent = time.monotonic()
-                client.post(**delivery_request(body)).raise_for_status()
-                answered.append(time.monotonic() - sent)
+                answer = client.post(**delivery)
+                took = time.monotonic() - sent
+                if answer.status_code != 204 or answer.content:
+                    refused.append(f"{answer.status_code} {answer.text[:300]}")
+                else:
+                    answered.append(took)
 
     threads = [threading.Thread(target=sender, args=(n,)) for n in range(SENDERS)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if refused:
+        raise SystemExit(f"benchmark: {len(refused)} webhooks not acknowledged: {refused[0]}")
     if len(answered) != len(keys):
         raise SystemExit(f"benchmark: {len(keys) - len(answered)} webhooks were not answered")
     return answered, time.monotonic() - started
@@ -595,9 +605,7 @@ def recover(cluster: Cluster, directory: Path, count: int, restart: str) -> list
         )
         migrate(config)
         first = Service(config, directory / "service.log").wait_listening(60)
-        bulk_admit(
-            dsn, "bench-four", count, "jsonb_build_object('recordId', 'app-' || n)", 0.0, "read"
-        )
+        bulk_admit(dsn, "bench-four", count, RECORDS, 0.0, "read")
         time.sleep(1.0)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
@@ -801,9 +809,7 @@ def audit(config: Path, directory: Path, runs: int, events: int) -> None:
 
 
 def peer(cluster: Cluster, directory: Path, args: argparse.Namespace) -> None:
-    """bench/versus.py, imported here because it imports this module's helpers."""
-    from bench.versus import peer as side_by_side  # noqa: PLC0415
-
+    """bench/versus.py's side by side, with this command's options."""
     pairs = args.pairs or args.runs
     profiles = args.profile and args.profile.resolve()
     if profiles:
@@ -811,6 +817,14 @@ def peer(cluster: Cluster, directory: Path, args: argparse.Namespace) -> None:
     side_by_side(
         cluster, directory, args.runs, args.rounds, pairs, args.callers, args.dbos_threads, profiles
     )
+
+
+def database_clients(dsn: str, statements: int, rounds: int) -> None:
+    """bench/client.py, imported when it runs: it needs trio-asyncio (the ``bench`` extra),
+    which the other benchmarks and ``--help`` do without."""
+    from bench.client import client  # noqa: PLC0415
+
+    client(dsn, statements, rounds)
 
 
 BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
@@ -826,7 +840,7 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "checkpoints": lambda c, d, a: checkpointing(c, d, a.runs, a.rounds),
     "archiving": lambda c, d, a: archiving(c, d, a.runs, a.rounds, a.ended),
     "peer": peer,
-    "client": lambda c, d, a: client(c.create_database(), a.statements, a.rounds),
+    "client": lambda c, d, a: database_clients(c.create_database(), a.statements, a.rounds),
 }
 
 

@@ -59,8 +59,7 @@ from typing import IO
 import psutil
 from bench.product import Product, bare_pairs
 from bench.profile import Profile, summary
-from bench.run import service, wait_ended, wait_ready
-from tests.harness import Cluster, connection, free_port
+from bench.support import Cluster, connection, free_port, service, wait_ended, wait_ready
 
 from registry_coordinator.store.database import sync_connection
 
@@ -277,13 +276,14 @@ def dbos_round(
     directory.mkdir(parents=True)
     dsn = cluster.create_database()
     tag = directory.name
-    peer = subprocess.Popen(
-        [sys.executable, str(PEER), dsn, product.url, *map(str, (runs, callers, threads)), tag],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=(directory / "dbos.log").open("ab"),
-        text=True,
-    )
+    with (directory / "dbos.log").open("ab") as log:  # the child's own from here
+        peer = subprocess.Popen(
+            [sys.executable, str(PEER), dsn, product.url, *map(str, (runs, callers, threads)), tag],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
     try:
         said = _line(peer.stdout)
         if said != "ready":
