@@ -97,3 +97,20 @@ def test_missing_scenarios_file(tmp_path: Path) -> None:
     result = coordinator("test", target)
     assert result.returncode == 1
     assert "file.unreadable" in result.stderr
+
+
+def test_a_call_retried_past_the_runners_bound_is_refused_with_a_repair(tmp_path: Path) -> None:
+    """A product scripted to ask for a retry every second until a deadline weeks away would
+    be sent more times than the runner takes on: refused as a scenario mistake, with what
+    to write instead, not a traceback."""
+    read = REJECTED.index("      read_application:")
+    retried = (
+        REJECTED[:read]
+        + "      read_application: {retryable: {status: 503, retryAfter: PT1S}}\n"
+        + REJECTED[REJECTED.index("      request_review:") :]
+    )
+    result = coordinator("test", workflow_with(tmp_path, retried + "      state: expired\n"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "scenario.invalid" in result.stderr + result.stdout
+    assert "read_application" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr

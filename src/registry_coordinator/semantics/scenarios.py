@@ -55,9 +55,10 @@ from registry_coordinator.semantics.steps import (
 )
 
 DEFAULT_ADMITTED_AT = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-#: A guard against a clock that does not move, not a limit the engine has: a call retried
-#: until a deadline of a year, five minutes apart at the longest backoff, is sent 105,120 times.
-MAX_ATTEMPTS = 1_000_000
+#: The sendings of one call step a scenario may script before its run ends, a bound of the
+#: runner's, not the engine's: a product answering "retry in a second" for weeks is a
+#: script to end, not a run to take a million steps through.
+MAX_ATTEMPTS = 10_000
 #: How a scenario's run asks about an unknown outcome: as a connection does by default.
 VERIFICATION = Verification()
 #: The states a scenario may expect its run to end in (nothing cancels a scenario's run).
@@ -490,10 +491,18 @@ class _Run:
     def _send(self) -> Transition:
         script = self.scenario.replies.get(self.step)
         if not script:
-            raise _NoReply(self.step)
+            raise _Unscripted(
+                self.step,
+                "but scripts no reply for it",
+                f"add replies: {{{self.step}: {{success: ...}}}}",
+            )
         self.attempt += 1
         if self.attempt > MAX_ATTEMPTS:
-            raise AssertionError("a call was retried more often than a deadline allows")
+            raise _Unscripted(
+                self.step,
+                f"and sends it more than {MAX_ATTEMPTS:,} times before the run's deadline",
+                f"end the replies of {self.step} with one that completes or fails the step",
+            )
         self.ended.attempts[self.step] = self.attempt
         reply = script[min(self.attempt, len(script)) - 1]
         return settle(
@@ -567,10 +576,12 @@ class _Run:
         return ended
 
 
-class _NoReply(Exception):
-    def __init__(self, step_id: str) -> None:
+class _Unscripted(Exception):
+    """A call step the scenario's script cannot take through: what it lacks, and what to write."""
+
+    def __init__(self, step_id: str, lacks: str, repair: str) -> None:
         super().__init__(step_id)
-        self.step_id = step_id
+        self.step_id, self.lacks, self.repair = step_id, lacks, repair
 
 
 def mismatches(scenario: Scenario, ended: Outcome) -> list[str]:
@@ -609,14 +620,14 @@ def run_all(
     for scenario in scenarios:
         try:
             ended = run(definition, scenario)
-        except _NoReply as missing:
+        except _Unscripted as missing:
             raise Refused(
                 [
                     Diagnostic(
                         "scenario.invalid",
                         f"scenario {scenario.name!r} reaches call step '{missing.step_id}' "
-                        "but scripts no reply for it",
-                        f"add replies: {{{missing.step_id}: {{success: ...}}}}",
+                        + missing.lacks,
+                        missing.repair,
                         file,
                     )
                 ]
