@@ -1,0 +1,94 @@
+"""The ``database`` section, read by the store: a connection string by reference, or the
+embedded cluster's data directory, and the pool's size.
+
+Reading it never connects (``coordinator token --config`` reads the file too): a connection
+string is judged by psycopg's own parser of libpq's syntax, without the event loop's
+database layer, and one that carries a password is refused, since secrets are never
+values in the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.authoring.fields import Reader
+from registry_coordinator.authoring.source import DataPath
+from registry_coordinator.config.values import (
+    read_integer,
+    resolve_secret,
+)
+
+
+def has_password(dsn: str) -> bool:
+    """Whether a connection string carries a password; ValueError if it is not one."""
+    try:
+        return bool(conninfo_to_dict(dsn).get("password"))
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    dsn: str | None  # resolved; None in embedded mode
+    embedded: Path | None  # the embedded cluster's data directory
+    pool_size: int
+
+
+def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | None:
+    path: DataPath = ("database",)
+    data = reader.mapping(value, path, "database")
+    if data is None:
+        return None
+    reader.fields(data, path, "database", [], ["dsn", "embedded", "poolSize"])
+    pool_size = read_integer(reader, data, "poolSize", path, 10, 2, 200)
+    if ("dsn" in data) == ("embedded" in data):
+        reader.report(
+            "config.invalid-value",
+            "database needs exactly one of dsn and embedded",
+            "give dsn: env:NAME for a PostgreSQL server, or embedded: {dataDirectory: DIR}",
+            path,
+        )
+        return None
+    if "embedded" in data:
+        embedded = reader.mapping(data["embedded"], (*path, "embedded"), "embedded") or {}
+        reader.fields(embedded, (*path, "embedded"), "embedded", ["dataDirectory"])
+        directory = reader.string(embedded, "dataDirectory", (*path, "embedded"), "embedded")
+        return DatabaseConfig(None, (base / directory).resolve() if directory else None, pool_size)
+    dsn = reader.string(data, "dsn", path, "database")
+    if dsn is None:
+        return None
+    if not dsn.startswith(("env:", "file:")):
+        try:
+            secret = has_password(dsn)
+        except ValueError:
+            reader.report(
+                "config.invalid-value",
+                "dsn is not a PostgreSQL connection string",
+                "write postgresql://user@host:port/database",
+                (*path, "dsn"),
+            )
+            return None
+        if secret:
+            reader.report(
+                "config.secret-literal",
+                "dsn holds a password, and secrets must not be written in the configuration",
+                "put the connection string in an environment variable or file: dsn: env:NAME",
+                (*path, "dsn"),
+            )
+            return None
+        return DatabaseConfig(dsn, None, pool_size)
+    try:
+        return DatabaseConfig(resolve_secret(dsn), None, pool_size)
+    except ValueError as exc:
+        reader.report(
+            "config.secret-unavailable",
+            f"dsn: {exc}",
+            "set the variable or create the file before starting",
+            (*path, "dsn"),
+        )
+        return None

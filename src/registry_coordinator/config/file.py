@@ -1,0 +1,155 @@
+"""The configuration file as a whole: its top-level fields, each section read by its own
+module, and what a reading hands the later stages when the structure is broken (the pins
+and the product kind each connection names), so one pass reports everything.
+
+Relative paths are taken from the file's directory, so a file and the artifacts beside it
+can move together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.authoring.diagnostics import Refused
+from registry_coordinator.authoring.fields import Reader
+from registry_coordinator.authoring.source import DataPath, SourceMap, load_yaml, read_source
+from registry_coordinator.config.audit import (
+    AuditConfig,
+    RetentionConfig,
+    read_audit,
+    read_retention,
+)
+from registry_coordinator.config.auth import AuthConfig, read_auth
+from registry_coordinator.config.connections import (
+    ConnectionConfig,
+    read_connections,
+    read_products,
+)
+from registry_coordinator.config.console import ConsoleConfig, read_console
+from registry_coordinator.config.database import DatabaseConfig, read_database
+from registry_coordinator.config.engine import (
+    EngineConfig,
+    PinnedWorkflow,
+    read_engine,
+    read_workflows,
+)
+from registry_coordinator.config.problems import Problems
+from registry_coordinator.config.tracing import TracingConfig, read_tracing
+from registry_coordinator.config.values import (
+    read_integer,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    file: Path
+    database: DatabaseConfig
+    host: str
+    port: int
+    workflows: tuple[PinnedWorkflow, ...]
+    connections: dict[str, ConnectionConfig]
+    engine: EngineConfig
+    request_body_limit: int
+    auth: AuthConfig
+    console: ConsoleConfig
+    audit: AuditConfig
+    retention: RetentionConfig
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+
+
+@dataclass(frozen=True)
+class ConfigReading:
+    """A configuration file read as far as its structure allows."""
+
+    config: Config | None  # None when the structure has a problem
+    pins: tuple[PinnedWorkflow, ...]  # the pinned workflows that parsed
+    #: The product kind each well-named connection names (None where it does not say one
+    #: readably); None when the connections section is not a mapping at all.
+    products: dict[str, str | None] | None
+    problems: Problems
+    #: The connections that parsed, whatever else is wrong with the file.
+    connections: dict[str, ConnectionConfig] = field(default_factory=dict)
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate a configuration file; raises :class:`Refused` with every problem
+    of its structure (the commands that run workflows use ``load_service``, which adds
+    the artifacts' and the bindings')."""
+    reading = read_config(path)
+    reading.problems.refuse()
+    assert reading.config is not None
+    return reading.config
+
+
+def read_config(path: Path) -> ConfigReading:
+    """Read a configuration file, collecting its structural problems rather than raising."""
+    try:
+        document, source = load_yaml(read_source(path), str(path))
+    except Refused as refused:  # nothing in it can be looked at
+        problems = Problems(SourceMap(str(path)))
+        problems.add("configuration", refused.diagnostics)
+        return ConfigReading(None, (), None, problems)
+    reader = Reader(source)
+    base = path.resolve().parent
+    root = reader.mapping(document, (), "the configuration") or {}
+    reader.fields(
+        root,
+        (),
+        "the configuration",
+        ["database", "workflows", "auth"],
+        [
+            "listen",
+            "connections",
+            "engine",
+            "limits",
+            "console",
+            "audit",
+            "retention",
+            "tracing",
+        ],
+    )
+    database = read_database(reader, root.get("database"), base)
+    host, port = _listen(reader, root.get("listen", {}))
+    workflows = read_workflows(reader, root.get("workflows"), base)
+    connections = read_connections(reader, root.get("connections", {}))
+    engine = read_engine(reader, root.get("engine", {}))
+    limits = reader.mapping(root.get("limits", {}), ("limits",), "limits") or {}
+    reader.fields(limits, ("limits",), "limits", [], ["requestBody"])
+    body_limit = read_integer(reader, limits, "requestBody", ("limits",), 64 * 1024, 1024, 16 << 20)
+    auth = read_auth(reader, root.get("auth"), base, host) if "auth" in root else None
+    console = read_console(reader, root.get("console", {}), auth)
+    audit = read_audit(reader, root.get("audit", {}))
+    retention = read_retention(reader, root.get("retention", {}), base, audit)
+    tracing = read_tracing(reader, root.get("tracing", {}))
+    problems = Problems(source)
+    problems.add("configuration", reader.diagnostics)
+    products = read_products(root.get("connections", {}))
+    if problems:
+        return ConfigReading(None, workflows, products, problems, connections)
+    assert database is not None and engine is not None and auth is not None
+    config = Config(
+        path,
+        database,
+        host,
+        port,
+        workflows,
+        connections,
+        engine,
+        body_limit,
+        auth,
+        console,
+        audit,
+        retention,
+        tracing,
+    )
+    return ConfigReading(config, workflows, products, problems, connections)
+
+
+def _listen(reader: Reader, value: JSON) -> tuple[str, int]:
+    path: DataPath = ("listen",)
+    data = reader.mapping(value, path, "listen") or {}
+    reader.fields(data, path, "listen", [], ["host", "port"])
+    host = reader.string(data, "host", path, "listen") or "127.0.0.1"
+    return host, read_integer(reader, data, "port", path, 8080, 0, 65535)
