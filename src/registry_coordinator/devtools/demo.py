@@ -26,13 +26,13 @@ import time
 import uuid
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.artifact import check_source, write
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.devtools.reviewer import ReviewRefused, decide
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path, mint
@@ -270,7 +270,7 @@ class Demo:
             base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
         )
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> dict[str, JSON]:
         say(f"\n4. Start a run for application {APPLICATION}, as the client case-portal")
         command(
             "runs",
@@ -309,11 +309,15 @@ class Demo:
             say(describe_history(history))
         return dict(status)
 
-    def follow(self, portal: httpx.Client, run_id: str) -> Any:
+    def follow(self, portal: httpx.Client, run_id: str) -> dict[str, JSON]:
+        """Narrate the run's events as they come, until it ends or is held. The status is
+        read before the history, so a run seen ended has every event of its end narrated
+        (read the other way round, the events committed between the two reads were lost)."""
         seen = 0
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             self.check_children()
+            status: dict[str, JSON] = portal.get(f"/v1/runs/{run_id}").json()
             events = portal.get(f"/v1/runs/{run_id}/history").json()["events"]
             for event in events[seen:]:
                 say("   " + narrate(event))
@@ -323,7 +327,6 @@ class Demo:
                 ):
                     self.review(event["detail"]["key"])
             seen = len(events)
-            status = portal.get(f"/v1/runs/{run_id}").json()
             state = RunState(status["state"])
             if state.terminal or state is RunState.HELD:  # held: an operator's turn now
                 return status
@@ -361,7 +364,7 @@ class Demo:
         self.children.clear()
 
 
-def narrate(event: dict[str, Any]) -> str:
+def narrate(event: dict[str, JSON]) -> str:
     """One history event as a line a newcomer can follow."""
     kind, step, detail = event["kind"], event["step"], event["detail"]
     if kind == "admitted":
