@@ -360,6 +360,30 @@ def _authority_problem(operation: Operation, product: Product, grant: JSON) -> F
     return Failed(FailureCode.REQUEST_INVALID, why)
 
 
+async def _authorization(
+    operation: Operation, product: Product, request: Request, url: str
+) -> str | Failed | Reply:
+    """The Authorization header to send the request with; or why it cannot be sent: the
+    operation needs an authority the connection lacks, an external read may not go to
+    that address (:class:`Failed`), or no token could be had (a :class:`Reply` of a
+    try that sent nothing)."""
+    refused: Failed | Reply | None = _authority_problem(operation, product, request.grant)
+    if refused is None and operation.external:
+        refused = await _external_refusal(product, request, url)
+    return refused if refused is not None else await product.authorize(grant=request.grant)
+
+
+def _sealable(ready: Request | Prepared) -> tuple[Request, dict[str, JSON] | None]:
+    """The request to seal and what it was prepared under, with the task grant it is
+    sent under, sealed with it to be proved again on a resend."""
+    request, prepared = (
+        (ready.request, ready.binding) if isinstance(ready, Prepared) else (ready, None)
+    )
+    if request.grant is not None:
+        prepared = {**(prepared or {}), "grant": request.grant}
+    return request, prepared
+
+
 async def _external_refusal(product: Product, request: Request, url: str) -> Failed | Reply | None:
     """Why an external read may not be sent, judged before its token is asked for: a path
     or query the connection's review does not allow, or a host that resolves where no
@@ -505,6 +529,9 @@ class Calls:
             self._nursery.cancel_scope.cancel()
 
     async def _call(self, definition: Definition, run: store.Claimed, request: Request) -> None:
+        """Send a call step's request once, and record what became of it: sealed before it
+        leaves, its answer committed with the run's transition, shielded from shutdown
+        wherever a cancellation would lose what the database must know."""
         product = self.connection(definition, run.step)
         sending = Sending()
         dispatched = False
@@ -515,20 +542,9 @@ class Calls:
                 # operator's retry-same) sends the bytes sealed on the first sending,
                 # never a rebuilt request.
                 sealed = await store.sealed_request(self.db, run) if run.attempt else None
-                operation = definition.operations[run.step]
-                if sealed is None:
-                    request = bind(operation, request, product.config.parameters)
-                    url = product.url(request.target)
-                else:
-                    grant = (sealed.prepared or {}).get("grant")
-                    request, url = replace(sealed.request, grant=grant), sealed.url
-                refused: Failed | Reply | None = _authority_problem(
-                    operation, product, request.grant
-                )
-                if refused is None and operation.external:
-                    refused = await _external_refusal(product, request, url)
-                authorization = (
-                    refused if refused is not None else await product.authorize(grant=request.grant)
+                request, url = self._addressed(definition, run, product, request, sealed)
+                authorization = await _authorization(
+                    definition.operations[run.step], product, request, url
                 )
                 if isinstance(authorization, Failed):
                     stopped = authorization
@@ -541,40 +557,18 @@ class Calls:
                         definition, run, product, authorization, request, sealed
                     )
                     if isinstance(ready, Prepared | Request):
-                        request, prepared = (
-                            (ready.request, ready.binding)
-                            if isinstance(ready, Prepared)
-                            else (ready, None)
-                        )
-                        if request.grant is not None:  # sealed with it, to be proved again
-                            prepared = {**(prepared or {}), "grant": request.grant}
+                        request, prepared = _sealable(ready)
                         with trio.CancelScope(shield=True):  # know whether it was sealed
                             run = await self._dispatch_persistently(run, request, url, prepared)
                         dispatched = True
                         await trio.lowlevel.checkpoint_if_cancelled()
-                        step = definition.step(run.step)
-                        assert isinstance(step, Call)  # only a call step sends a request
-                        started = trio.current_time()
-                        name = product.config.name
-                        with tracing.call(run, name, step.operation, request.method, url) as traced:
-                            reply = await product.send(
-                                request, url, authorization, sending, traced.headers
-                            )
-                            traced.answered(reply)
-                        self.metrics.calls.labels(
-                            product.config.name, step.operation, _result_class(reply)
-                        ).observe(trio.current_time() - started)
+                        reply = await self._send(
+                            definition, run, product, request, url, authorization, sending
+                        )
                     else:
                         stopped = ready
             if stopped is not None:
-                with trio.CancelScope(shield=True):  # nothing was sent: the run moves on
-                    if isinstance(stopped, Retry):
-                        run = replace(run, attempt=run.attempt + 1)  # for the next backoff
-                    done = await store.commit(
-                        self.db, definition, run, stopped, self.lease, go_on=True
-                    )
-                    self.after(definition, done, attempt=run.attempt)
-                await self._go_on(definition, done)
+                await self._not_sent(definition, run, stopped)
                 return
             with trio.CancelScope(shield=True):  # an answer in hand is always recorded
                 uncertain = sealed is not None and sealed.uncertain
@@ -583,29 +577,85 @@ class Calls:
             log.warning("lost the lease before the call was recorded", extra={"run": run.id})
             return
         except trio.Cancelled:
-            # Shutdown. A request that may have left is an uncertain outcome; a sealed one
-            # that had not begun to leave was not sent; an unsealed one gives the run back.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:
-                    if not dispatched:
-                        await store.release(self.db, run, run.now())
-                    elif sending.never_left:
-                        why = "the service stopped before sending"
-                        await self._settle(definition, run, Reply(ReplyKind.NOT_SENT, detail=why))
-                    else:
-                        why = "the service stopped during the call"
-                        await self._settle(definition, run, Reply(ReplyKind.LOST, detail=why))
-                except (store.LeaseLost, Unavailable, StatementFailed) as exc:
-                    # The next holder finds the call dispatched, as after a crash.
-                    log.warning(
-                        "stopping: left the call unrecorded: %r", exc, extra={"run": run.id}
-                    )
+                await self._interrupted(definition, run, dispatched, sending)
             raise
         finally:
             product.queued -= 1
         # Outside the handler above: once the answer is recorded, a shutdown while the run
         # goes on must not record the call again as interrupted.
         await self._go_on(definition, committed)
+
+    def _addressed(
+        self,
+        definition: Definition,
+        run: store.Claimed,
+        product: Product,
+        request: Request,
+        sealed: store.Sealed | None,
+    ) -> tuple[Request, str]:
+        """The request and its URL: on a first sending, the step's request with the
+        connection's parameters bound; on a resend, the sealed bytes and address, with the
+        grant they were sealed under."""
+        if sealed is None:
+            request = bind(definition.operations[run.step], request, product.config.parameters)
+            return request, product.url(request.target)
+        grant = (sealed.prepared or {}).get("grant")
+        return replace(sealed.request, grant=grant), sealed.url
+
+    async def _send(
+        self,
+        definition: Definition,
+        run: store.Claimed,
+        product: Product,
+        request: Request,
+        url: str,
+        authorization: str,
+        sending: Sending,
+    ) -> Reply:
+        """Send a sealed request, traced and timed by connection, operation and result."""
+        step = definition.step(run.step)
+        assert isinstance(step, Call)  # only a call step sends a request
+        started = trio.current_time()
+        name = product.config.name
+        with tracing.call(run, name, step.operation, request.method, url) as traced:
+            reply = await product.send(request, url, authorization, sending, traced.headers)
+            traced.answered(reply)
+        self.metrics.calls.labels(name, step.operation, _result_class(reply)).observe(
+            trio.current_time() - started
+        )
+        return reply
+
+    async def _not_sent(
+        self, definition: Definition, run: store.Claimed, stopped: Transition
+    ) -> None:
+        """Commit what becomes of a run whose command could not be prepared or authorized:
+        nothing was sent, so the run moves on (a retry counts, for the next backoff)."""
+        with trio.CancelScope(shield=True):
+            if isinstance(stopped, Retry):
+                run = replace(run, attempt=run.attempt + 1)
+            done = await store.commit(self.db, definition, run, stopped, self.lease, go_on=True)
+            self.after(definition, done, attempt=run.attempt)
+        await self._go_on(definition, done)
+
+    async def _interrupted(
+        self, definition: Definition, run: store.Claimed, dispatched: bool, sending: Sending
+    ) -> None:
+        """Shutdown, during a call. A request that may have left is an uncertain outcome; a
+        sealed one that had not begun to leave was not sent; an unsealed one gives the run
+        back. If none of that can be written, the next holder finds the call dispatched,
+        as after a crash."""
+        try:
+            if not dispatched:
+                await store.release(self.db, run, run.now())
+            elif sending.never_left:
+                why = "the service stopped before sending"
+                await self._settle(definition, run, Reply(ReplyKind.NOT_SENT, detail=why))
+            else:
+                why = "the service stopped during the call"
+                await self._settle(definition, run, Reply(ReplyKind.LOST, detail=why))
+        except (store.LeaseLost, Unavailable, StatementFailed) as exc:
+            log.warning("stopping: left the call unrecorded: %r", exc, extra={"run": run.id})
 
     async def _fetch(self, definition: Definition, run: store.Claimed, fetch: Fetch) -> None:
         step = definition.step(run.step)

@@ -7,7 +7,7 @@ database down, this process shutting down — is 503 with ``Retry-After`` and on
 line. JSON routes take only JSON media types (415 otherwise). The routes are those of
 ``openapi.yaml``, which ``/openapi.json`` serves and the API fuzzer checks; :data:`ROUTES`
 is the one place a route is named, each naming a top-level handler of the shared
-:class:`Context` and the route's path parameters (``tests/test_routes`` holds the table
+:class:`Context` and the route's path parameters (``tests/offline/test_routes.py`` holds the table
 and the document together).
 """
 
@@ -32,7 +32,8 @@ __all__ = ["FALLBACKS", "ROUTES", "Context", "Handler", "Route", "create_app", "
 
 log = logging.getLogger(__name__)
 
-#: Every route of the API, as ``openapi.yaml`` documents it (``tests/test_routes`` compares).
+#: Every route of the API, as ``openapi.yaml`` documents it
+#: (``tests/offline/test_routes.py`` compares).
 ROUTES = (
     route("/v1/runs", post=runs.start, get=runs.listing),
     route("/v1/runs:batch", post=runs.start_batch),  # no slash: never a <run_id> below

@@ -574,44 +574,10 @@ def settle(
         return unknown(HoldCode.OUTCOME_UNKNOWN, f"no answer: {reply.detail}")
     status = reply.status
     if operation.succeeded(status):
-        try:
-            body = strict_json(reply.body)
-        except UnusableJson as exc:
-            problems = [f"{exc}; the body began: {_excerpt(reply.body)}"]
-        else:
-            problems = definition.schema_errors(operation.response_schema, body)
-        if not problems:
-            return Advance(step.next, "next", body, True)
-        return unknown(
-            HoldCode.RESPONSE_INVALID,
-            f"answered {status} with a response that cannot be used: {'; '.join(problems)}",
-        )
-    code = problem_code(reply.body)
-    if code is not None and code in operation.spent_codes:
-        return Held(
-            HoldCode.RECEIPT_EXPIRED,
-            _status_detail(
-                status,
-                reply.body,
-                "the product spent this key on an original "
-                "that took effect, and its record of the answer has expired",
-            ),
-        )
-    refused = (code is not None and code in operation.refused_codes) or (
-        status in operation.refusals
-    )
-    if refused and uncertain:
-        return Held(
-            HoldCode.OUTCOME_UNKNOWN,
-            _status_detail(
-                status,
-                reply.body,
-                "the product refused this resend, but an earlier sending's outcome is "
-                "unknown and may stand (a refusal of a resend does not say it failed)",
-            ),
-        )
-    if code is not None and code in operation.refused_codes:
-        return Failed(FailureCode.PRODUCT_REFUSED, _status_detail(status, reply.body))
+        return _succeeded(definition, step, reply, unknown)
+    refusal = _refusal(operation, status, reply.body, uncertain)
+    if refusal is not None:
+        return refusal
     if status in (429, 503):
         wait = max(reply.retry_after, BACKOFF_BASE) if reply.retry_after else None
         return Retry(
@@ -624,6 +590,57 @@ def settle(
     # Any other answer (408, 423, 425, another 4xx, a 5xx) does not say the product
     # refused the command: it may have acted, or may yet.
     return unknown(HoldCode.OUTCOME_UNKNOWN, _status_detail(status, reply.body))
+
+
+def _succeeded(definition: Definition, step: Call, reply: Reply, unknown: _Unknown) -> Transition:
+    """A success status: the step advances with the body, if the body is one the operation
+    answers; any other body leaves the outcome unknown (the product may have acted)."""
+    operation = definition.operations[step.id]
+    try:
+        body = strict_json(reply.body)
+    except UnusableJson as exc:
+        problems = [f"{exc}; the body began: {_excerpt(reply.body)}"]
+    else:
+        problems = definition.schema_errors(operation.response_schema, body)
+    if not problems:
+        return Advance(step.next, "next", body, True)
+    return unknown(
+        HoldCode.RESPONSE_INVALID,
+        f"answered {reply.status} with a response that cannot be used: {'; '.join(problems)}",
+    )
+
+
+def _refusal(operation: Operation, status: int, body: bytes, uncertain: bool) -> Transition | None:
+    """What a problem code the operation names says: a key spent on an original whose
+    answer expired holds the run; a refusal fails it, unless an earlier sending's outcome
+    is unknown and may stand. None: the code (or its absence) says neither."""
+    code = problem_code(body)
+    if code is not None and code in operation.spent_codes:
+        return Held(
+            HoldCode.RECEIPT_EXPIRED,
+            _status_detail(
+                status,
+                body,
+                "the product spent this key on an original "
+                "that took effect, and its record of the answer has expired",
+            ),
+        )
+    refused = (code is not None and code in operation.refused_codes) or (
+        status in operation.refusals
+    )
+    if refused and uncertain:
+        return Held(
+            HoldCode.OUTCOME_UNKNOWN,
+            _status_detail(
+                status,
+                body,
+                "the product refused this resend, but an earlier sending's outcome is "
+                "unknown and may stand (a refusal of a resend does not say it failed)",
+            ),
+        )
+    if code is not None and code in operation.refused_codes:
+        return Failed(FailureCode.PRODUCT_REFUSED, _status_detail(status, body))
+    return None
 
 
 def _read_externally(
