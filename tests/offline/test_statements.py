@@ -43,6 +43,7 @@ from registry_coordinator.store.claims import CancelledInFlight, Claimed, Settle
 from registry_coordinator.store.statements import (
     CALL_OUTCOMES,
     INTERRUPTED,
+    Columns,
     call_outcome,
     columns,
     plan,
@@ -57,6 +58,7 @@ NOW = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 POLL = timedelta(minutes=10)
 TOKEN = uuid.UUID(int=2)
+RUN = uuid.UUID(int=3)
 
 
 @cache
@@ -436,28 +438,46 @@ def test_without_go_on_only_the_transition_is_taken() -> None:
     assert planned.statement["kinds"] == ["step-completed"]
 
 
-def test_the_settled_call_and_the_fence_are_the_first_transitions() -> None:
-    first: dict[str, Any] = {
-        "token": TOKEN,
-        "event_step": "read",
-        "honour_cancel": True,
-        "call_status": 200,
-        "call_response": b"{}",
-        "call_outcome": "response",
-        "outputs": {"read": 1},
-        "completed": {"read": "t"},
-        "kind": "step-completed",
-        "event": {"n": 1},
-    }
-    last: dict[str, Any] = dict.fromkeys(first) | {
-        "event_step": "decide",
-        "outputs": {},
-        "completed": {"decide": "t"},
+def _transition(step: str, event_step: str) -> Columns:
+    """One transition's columns, with every column its default."""
+    return {
+        "id": RUN,
+        "now": NOW,
+        "actor": "test",
+        "step": step,
         "state": RunState.RUNNING,
-        "step": "act",
+        "attempt": 0,
+        "checks": 0,
+        "timer_at": None,
+        "wakes_to": None,
+        "due_at": None,
+        "lease_owner": None,
+        "lease_token": None,
+        "outcome": None,
+        "output": None,
+        "failure_code": None,
+        "hold_code": None,
+        "detail": None,
+        "ends": False,
+        "token": TOKEN,
+        "event_step": event_step,
+        "honour_cancel": True,
+        "call_status": None,
+        "call_response": None,
+        "call_outcome": None,
+        "outputs": {},
+        "completed": {event_step: "t"},
         "kind": "step-completed",
         "event": {},
     }
+
+
+def test_the_settled_call_and_the_fence_are_the_first_transitions() -> None:
+    first = _transition("decide", "read")
+    first.update({"call_status": 200, "call_response": b"{}", "call_outcome": "response"})
+    first.update({"outputs": {"read": 1}, "event": {"n": 1}})
+    last = _transition("act", "decide")
+    last.update({"token": uuid.uuid4(), "honour_cancel": False, "lease_token": TOKEN})
     merged = statement([first, last], leaves_wait=True)
     assert {name: merged[name] for name in ("token", "event_step", "call_status")} == {
         "token": TOKEN,
@@ -469,6 +489,7 @@ def test_the_settled_call_and_the_fence_are_the_first_transitions() -> None:
         "act",
         True,
     )
+    assert (merged["honour_cancel"], merged["lease_token"]) == (True, TOKEN)
     assert merged["outputs"] == {"read": 1}
     assert merged["completed"] == {"read": "t", "decide": "t"}
     assert merged["event_steps"] == ["read", "decide"]

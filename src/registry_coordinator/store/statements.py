@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, assert_never
+from typing import Required, TypedDict, assert_never
 
 from psycopg.types.json import Jsonb
 
@@ -136,12 +136,100 @@ def result_polled(url: str, reply: Reply) -> dict[str, JSON]:
     return said
 
 
+class _Run(TypedDict):
+    """The columns of a run a transition writes, as the ``transition`` statement names
+    them: in a chain of transitions in one statement, the last one's."""
+
+    id: uuid.UUID
+    now: datetime
+    actor: str
+    step: str
+    state: RunState
+    attempt: int
+    checks: int
+    timer_at: datetime | None
+    wakes_to: str | None  # a wait-until's next step, for the timer's batches
+    due_at: datetime | None
+    lease_owner: str | None
+    lease_token: uuid.UUID | None
+    outcome: str | None
+    output: Jsonb | None
+    failure_code: str | None
+    hold_code: str | None
+    detail: str | None
+    ends: bool
+
+
+class _First(TypedDict):
+    """What a statement takes from its first transition: the claim it is fenced on, the
+    step its first event is at, whether an operator's cancel is honoured now, and the
+    settled call, if one led to it."""
+
+    token: uuid.UUID
+    event_step: str
+    honour_cancel: bool
+    call_status: int | None
+    call_response: bytes | None
+    call_outcome: str | None
+
+
+class Columns(_Run, _First):
+    """One transition: the run's columns as it leaves them, what its step recorded, and
+    its history event."""
+
+    outputs: dict[str, JSON]
+    completed: dict[str, str]
+    kind: str
+    event: dict[str, JSON]
+
+
+class Statement(_Run, _First):
+    """The parameters of one ``transition`` statement: the run's columns as its last
+    transition leaves them, what every step recorded, and an event for each."""
+
+    outputs: dict[str, JSON]
+    completed: dict[str, str]
+    leaves_wait: bool
+    kinds: list[str]
+    event_steps: list[str]
+    events: list[Jsonb]
+
+
+class _Changes(TypedDict, total=False):
+    """What one kind of transition sets of the columns :func:`columns` resets, and the
+    event it writes (always)."""
+
+    step: str
+    state: RunState
+    attempt: int
+    checks: int
+    timer_at: datetime | None
+    wakes_to: str | None
+    due_at: datetime | None
+    lease_owner: str | None
+    lease_token: uuid.UUID | None
+    outputs: dict[str, JSON]
+    completed: dict[str, str]
+    outcome: str | None
+    output: Jsonb | None
+    failure_code: str | None
+    hold_code: str | None
+    detail: str | None
+    ends: bool
+    kind: Required[str]
+    event: Required[dict[str, JSON]]
+
+
+#: A wait-for's wait, registered with the transition that begins it (``register_wait``).
+Wait = dict[str, object]
+
+
 @dataclass(frozen=True)
 class Plan:
     """One ``transition`` statement and what committing it makes of the run."""
 
-    statement: dict[str, Any]  # the parameters of the ``transition`` query
-    wait: dict[str, object] | None  # a wait-for's wait to register with it (``register_wait``)
+    statement: Statement
+    wait: Wait | None  # a wait-for's wait to register with it
     taken: tuple[tuple[str, Transition | CancelledInFlight], ...]  # (step, transition), in order
     run: Claimed  # the run as the statement leaves it
     ahead: Ahead | None  # the step after the chain, decided while building it
@@ -201,7 +289,7 @@ def plan(
     return Plan(merged, wait, tuple(taken), moved, ahead)
 
 
-def after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
+def after(run: Claimed, params: Columns, now: datetime) -> Claimed:
     """The run as a transition's columns leave it."""
     return replace(
         run,
@@ -218,8 +306,8 @@ def after(run: Claimed, params: dict[str, Any], now: datetime) -> Claimed:
 
 
 def statement(
-    transitions: list[dict[str, Any]], *, leaves_wait: bool, outcome: Outcome | None = None
-) -> dict[str, Any]:
+    transitions: list[Columns], *, leaves_wait: bool, outcome: Outcome | None = None
+) -> Statement:
     """One ``transition`` statement for transitions taken one after another: the run's
     columns as the last leaves them, what each step recorded, an event for each (after
     ``outcome``'s, at the first one's step), and the settled call (if any) and the
@@ -228,17 +316,38 @@ def statement(
     first, last = transitions[0], transitions[-1]
     before = [] if outcome is None else [(outcome.kind, first["event_step"], outcome.detail)]
     written = before + [(t["kind"], t["event_step"], t["event"]) for t in transitions]
-    merged = {name: value for name, value in last.items() if name not in ("kind", "event")}
-    merged["leaves_wait"] = leaves_wait
-    merged.update({name: first[name] for name in _AS_THE_FIRST_HAS_THEM})
-    merged.update(
-        outputs={k: v for t in transitions for k, v in t["outputs"].items()},
-        completed={k: v for t in transitions for k, v in t["completed"].items()},
-        kinds=[kind for kind, _, _ in written],
-        event_steps=[step for _, step, _ in written],
-        events=[Jsonb(event) for _, _, event in written],
-    )
-    return merged
+    return {
+        "id": last["id"],
+        "now": last["now"],
+        "actor": last["actor"],
+        "step": last["step"],
+        "state": last["state"],
+        "attempt": last["attempt"],
+        "checks": last["checks"],
+        "timer_at": last["timer_at"],
+        "wakes_to": last["wakes_to"],
+        "due_at": last["due_at"],
+        "lease_owner": last["lease_owner"],
+        "lease_token": last["lease_token"],
+        "outcome": last["outcome"],
+        "output": last["output"],
+        "failure_code": last["failure_code"],
+        "hold_code": last["hold_code"],
+        "detail": last["detail"],
+        "ends": last["ends"],
+        "token": first["token"],
+        "event_step": first["event_step"],
+        "honour_cancel": first["honour_cancel"],
+        "call_status": first["call_status"],
+        "call_response": first["call_response"],
+        "call_outcome": first["call_outcome"],
+        "leaves_wait": leaves_wait,
+        "outputs": {k: v for t in transitions for k, v in t["outputs"].items()},
+        "completed": {k: v for t in transitions for k, v in t["completed"].items()},
+        "kinds": [kind for kind, _, _ in written],
+        "event_steps": [step for _, step, _ in written],
+        "events": [Jsonb(event) for _, _, event in written],
+    }
 
 
 #: The columns of ``advance_sleepers`` that each woken run has one of, as a ``transition``
@@ -280,7 +389,7 @@ def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, object]:
         kinds = params["kinds"]
         output = params["output"]
         runs.append(
-            {name: params[name] for name in _BATCHED}
+            {name: value for name, value in params.items() if name in _BATCHED}
             | {
                 "seq": plan.run.seq - len(kinds),
                 "count": len(kinds),
@@ -323,14 +432,15 @@ def columns(
     poll: timedelta | None,
     now: datetime,
     settlement: Settlement | None = None,
-) -> tuple[dict[str, Any], dict[str, object] | None]:
+) -> tuple[Columns, Wait | None]:
     """The run's new columns and history event for a transition; and a wait to register.
 
     Every column a transition does not set goes back to its default (running, attempt 0,
     no timer, no lease, no outcome): each transition says only what it sets, so nothing
     is left over from the step before by omission.
     """
-    params: dict[str, Any] = {
+    changes, wait = _changes(definition, run, transition, lease, keep_lease, poll, now)
+    params: Columns = {
         "id": run.id,
         "token": run.token,
         "now": now,
@@ -357,9 +467,8 @@ def columns(
         "call_status": settlement.status if settlement else None,
         "call_response": settlement.response if settlement else None,
         "call_outcome": settlement.outcome if settlement else None,
+        **changes,
     }
-    changes, wait = _changes(definition, run, transition, lease, keep_lease, poll, now)
-    params.update(changes)
     return params, wait
 
 
@@ -371,7 +480,7 @@ def _changes(
     keep_lease: bool,
     poll: timedelta | None,
     now: datetime,
-) -> tuple[dict[str, Any], dict[str, object] | None]:
+) -> tuple[_Changes, Wait | None]:
     """What ``transition`` sets of the columns :func:`columns` resets, with its event: a
     match over every transition, so one added to ``steps.Transition`` and not handled
     here is a type error (``assert_never``), never a run committed with the defaults."""
@@ -380,17 +489,8 @@ def _changes(
     match transition:
         case CancelledInFlight():
             return _cancelled(transition, step, completed), None
-        case Advance(next=following, via=via):
-            return {
-                "step": following,
-                "due_at": now + lease if keep_lease else now,
-                "lease_owner": run.owner if keep_lease else None,
-                "lease_token": run.token if keep_lease else None,
-                "completed": completed,
-                "kind": "step-completed",
-                "event": {"via": via, "next": following},
-                **({"outputs": {step: transition.output}} if transition.has_output else {}),
-            }, None
+        case Advance():
+            return _advanced(transition, run, lease if keep_lease else None, now), None
         case Finished(outcome=outcome, output=output):
             return {
                 "state": RunState.FINISHED,
@@ -450,25 +550,41 @@ def _changes(
             assert_never(transition)
 
 
-def _cancelled(
-    transition: CancelledInFlight, step: str, completed: dict[str, str]
-) -> dict[str, Any]:
+def _cancelled(transition: CancelledInFlight, step: str, completed: dict[str, str]) -> _Changes:
     """The run ends cancelled as its call settles, keeping the call's answer if the step
     would have completed with it."""
     instead = transition.instead
-    kept: dict[str, Any] = {}
-    if isinstance(instead, Advance) and instead.has_output:
-        kept = {"outputs": {step: instead.output}, "completed": completed}
-    return kept | {
+    changes: _Changes = {
         "state": RunState.CANCELLED,
         "detail": transition.reason,
         "ends": True,
         "kind": "cancelled",
         "event": {"reason": transition.reason},
     }
+    if isinstance(instead, Advance) and instead.has_output:
+        changes["outputs"] = {step: instead.output}
+        changes["completed"] = completed
+    return changes
 
 
-def _stopped(transition: Failed | Held, attempt: int) -> dict[str, Any]:
+def _advanced(advance: Advance, run: Claimed, lease: timedelta | None, now: datetime) -> _Changes:
+    """The step completed (with its output, if it has one) and the run goes on at the next:
+    due at once, or, with a ``lease`` kept, held by its holder for that long meanwhile."""
+    changes: _Changes = {
+        "step": advance.next,
+        "due_at": now if lease is None else now + lease,
+        "lease_owner": None if lease is None else run.owner,
+        "lease_token": None if lease is None else run.token,
+        "completed": {run.step: format_instant(now)},
+        "kind": "step-completed",
+        "event": {"via": advance.via, "next": advance.next},
+    }
+    if advance.has_output:
+        changes["outputs"] = {run.step: advance.output}
+    return changes
+
+
+def _stopped(transition: Failed | Held, attempt: int) -> _Changes:
     """A failure ends the run; a hold stops it for an operator, at the same attempt."""
     failed = isinstance(transition, Failed)
     return {
@@ -485,12 +601,12 @@ def _stopped(transition: Failed | Held, attempt: int) -> dict[str, Any]:
 
 def _awaiting(
     definition: Definition, run: Claimed, transition: Await, poll: timedelta | None, now: datetime
-) -> tuple[dict[str, Any], dict[str, object]]:
+) -> tuple[_Changes, Wait]:
     """A wait-for begins: the run waits, and its wait is registered with the transition."""
     wait_step = definition.step(run.step)
     assert isinstance(wait_step, WaitFor)
     timeout = transition.timeout_at
-    changes = {
+    changes: _Changes = {
         "state": RunState.WAITING,
         "timer_at": timeout,
         "due_at": wait_due(now, timeout, run.deadline_at, poll),
@@ -501,7 +617,7 @@ def _awaiting(
             "timeoutAt": format_instant(timeout) if timeout else None,
         },
     }
-    wait = {
+    wait: Wait = {
         "id": run.id,
         "step": run.step,
         "connection": wait_step.connection,
