@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 from registry_coordinator.errors import CoordinatorError
 
@@ -44,7 +44,7 @@ class UnusableJson(CoordinatorError, ValueError):
         self.reason = reason  # not-json, too-deep or unstorable
 
 
-def refuse_constant(name: str) -> Any:
+def refuse_constant(name: str) -> NoReturn:
     """For ``json.loads``: NaN and Infinity are not JSON numbers (RFC 8259)."""
     raise ValueError(f"{name} is not a JSON number")
 
@@ -56,7 +56,7 @@ def _finite(text: str) -> float:
     return value
 
 
-def strict_json(data: bytes, max_nesting: int = MAX_NESTING, *, unique_keys: bool = False) -> Any:
+def strict_json(data: bytes, max_nesting: int = MAX_NESTING, *, unique_keys: bool = False) -> JSON:
     """Parse JSON text from outside, refusing with :class:`UnusableJson` what cannot be
     stored or used (see the module's docstring); with ``unique_keys``, also an object that
     names a member twice, which two readers could take differently."""
@@ -82,7 +82,7 @@ def strict_json(data: bytes, max_nesting: int = MAX_NESTING, *, unique_keys: boo
     return value
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _unique(pairs: list[tuple[str, JSON]]) -> dict[str, JSON]:
     """For ``json.loads``: an object whose members are each named once."""
     found = dict(pairs)
     if len(found) != len(pairs):
@@ -90,7 +90,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
-def canonical_bytes(data: Any) -> bytes:
+def canonical_bytes(data: object) -> bytes:
     try:
         text = json.dumps(
             data,
@@ -104,7 +104,7 @@ def canonical_bytes(data: Any) -> bytes:
     return text.encode("utf-8")
 
 
-def nesting(value: Any) -> int:
+def nesting(value: object) -> int:
     """How deep arrays and objects nest in a JSON value (a scalar is 0), counted without
     recursion, so that any depth can be measured and refused."""
     deepest, stack = 0, [(value, 0)]  # each value, and how deep its container is
@@ -118,7 +118,7 @@ def nesting(value: Any) -> int:
     return deepest
 
 
-def storable(value: Any) -> bool:
+def storable(value: object) -> bool:
     """Whether JSON text can be kept in PostgreSQL: no NUL character (text and jsonb refuse
     it) and no unpaired surrogate (not UTF-8)."""
     if isinstance(value, str):

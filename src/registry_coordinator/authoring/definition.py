@@ -7,15 +7,13 @@ scope of its step. The offline test runner and the engine both run from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import jsonschema
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.catalog import Catalog, Operation, Result
-from registry_coordinator.authoring.expressions import Compiled, Scope, Template, render
+from registry_coordinator.authoring.expressions import Activation, Compiled, Scope, Template, render
 from registry_coordinator.authoring.workflow import Step, Workflow
 
 
@@ -46,7 +44,7 @@ class Definition:
     def expression(self, step_id: str, source: str) -> Compiled:
         return self.programs[step_id][source]
 
-    def render(self, step_id: str, variables: Mapping[str, Any]) -> JSON:
+    def render(self, step_id: str, variables: Activation) -> JSON:
         """Evaluate a call's input or a finish's output for a run."""
         return render(self.templates[step_id], self.programs[step_id], variables)
 

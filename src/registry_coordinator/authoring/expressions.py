@@ -108,6 +108,12 @@ class EvaluationError(CoordinatorError):
     """An expression failed while a run evaluated it (missing field, division by zero...)."""
 
 
+#: The variables a run's expressions evaluate against (:func:`variables`): its input, its
+#: steps' outputs, when each step completed, and its id and instants. Not JSON: instants
+#: are datetimes, as CEL's timestamps.
+Activation = Mapping[str, object]
+
+
 @dataclass(frozen=True)
 class Compiled:
     source: str
@@ -123,14 +129,14 @@ class Compiled:
             return "object"
         return _JSON_KIND.get(self.kind)
 
-    def evaluate(self, variables: Mapping[str, Any]) -> Any:
+    def evaluate(self, variables: Activation) -> object:
         value = self.program.eval(data=variables)
         if value.type() == cel.Type.ERROR:
             raise EvaluationError(f"{self.source}: {_strip_status(str(value.value()))}")
         return value.plain_value()
 
 
-def _digest(value: Any) -> str:
+def _digest(value: object) -> str:
     """``digest(value)``: ``sha256:`` and the hex SHA-256 of the value's canonical JSON —
     a content digest a product can bind a request to (Casework's subject digest)."""
     return "sha256:" + hashlib.sha256(canonical_bytes(to_json(value))).hexdigest()
@@ -155,7 +161,7 @@ class Environment:
     Coordinator's :data:`FUNCTIONS`."""
 
     def __init__(self, scope: Scope) -> None:
-        variables: dict[str, Any] = {
+        variables: dict[str, object] = {
             "input": cel.Type.DYN,
             "run.id": cel.Type.STRING,
             "run.admitted_at": cel.Type.TIMESTAMP,
@@ -298,9 +304,7 @@ def template_expressions(
             yield from template_expressions(item, (*path, index))
 
 
-def render(
-    template: Template, compiled: Mapping[str, Compiled], variables: Mapping[str, Any]
-) -> JSON:
+def render(template: Template, compiled: Mapping[str, Compiled], variables: Activation) -> JSON:
     """Evaluate a template to JSON; ``compiled`` maps expression source to its program."""
     if isinstance(template, Literal):
         return template.value
@@ -316,7 +320,7 @@ def render(
     return [render(item, compiled, variables) for item in template.items]
 
 
-def to_json(value: Any) -> JSON:
+def to_json(value: object) -> JSON:
     """A CEL result as JSON: timestamps as RFC 3339 (UTC), durations as seconds text."""
     if isinstance(value, datetime):
         return format_instant(value)
@@ -335,13 +339,13 @@ def to_json(value: Any) -> JSON:
     raise EvaluationError(f"an expression gave a {type(value).__name__}, which has no JSON form")
 
 
-def _json_key(key: Any) -> str:
+def _json_key(key: object) -> str:
     if isinstance(key, str):
         return key
     raise EvaluationError(f"an expression gave a map key {key!r} that is not a string")
 
 
-def to_text(value: Any) -> str:
+def to_text(value: object) -> str:
     converted = to_json(value)
     if isinstance(converted, str):
         return converted
@@ -387,7 +391,7 @@ def variables(
     run_id: str,
     admitted_at: datetime,
     deadline_at: datetime,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The activation a run's expressions evaluate against: only its recorded data.
 
     cel-cpp cuts strings at a NUL character, so data holding one is refused here
@@ -396,7 +400,7 @@ def variables(
     for name, value in (("input", input), *outputs.items()):
         if holds_nul(value):
             raise EvaluationError(f"{name} holds a NUL character, which expressions cannot read")
-    data: dict[str, Any] = {
+    data: dict[str, object] = {
         "input": input,
         "run.id": run_id,
         "run.admitted_at": admitted_at,

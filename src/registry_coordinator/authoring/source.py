@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import yaml
 from yaml.composer import ComposerError
+from yaml.error import Mark
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.diagnostics import Diagnostic, Position, Refused
 
 MAX_SOURCE_BYTES = 1024 * 1024
@@ -103,12 +105,12 @@ class _Loader(yaml.SafeLoader):
         super().__init__(text)
         self.depth = 0
 
-    def resolve(self, kind: type[Node], value: Any, implicit: Any) -> str:
+    def resolve(self, kind: type[Node], value: str | None, implicit: tuple[bool, bool]) -> str:
         if kind is ScalarNode:
             return _PLAIN if implicit[0] else _STR
         return _SEQ if kind is SequenceNode else _MAP
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
             raise _SourceError(
@@ -132,13 +134,13 @@ class _Loader(yaml.SafeLoader):
 
 
 class _SourceError(Exception):
-    def __init__(self, code: str, message: str, repair: str, mark: Any) -> None:
+    def __init__(self, code: str, message: str, repair: str, mark: Mark | None) -> None:
         super().__init__(message)
         self.code, self.message, self.repair = code, message, repair
         self.position = _position(mark)
 
 
-def _position(mark: Any) -> Position | None:
+def _position(mark: Mark | None) -> Position | None:
     if mark is None:
         return None
     return Position(mark.line + 1, mark.column + 1)
@@ -176,7 +178,7 @@ def read_source(path: Path, *, max_bytes: int = MAX_SOURCE_BYTES) -> bytes:
         ) from None
 
 
-def load_yaml(data: bytes, file: str) -> tuple[Any, SourceMap]:
+def load_yaml(data: bytes, file: str) -> tuple[JSON, SourceMap]:
     """Parse one YAML document into JSON-compatible data and its source map."""
 
     def refuse(code: str, message: str, repair: str, pos: Position | None) -> Refused:
@@ -265,7 +267,7 @@ def _syntax(exc: yaml.MarkedYAMLError, file: str) -> Refused:
     )
 
 
-def _convert(node: Node, path: DataPath, source: SourceMap) -> Any:
+def _convert(node: Node, path: DataPath, source: SourceMap) -> JSON:
     position = _position(node.start_mark) or Position(1, 1)
     quoted = isinstance(node, ScalarNode) and node.style in ("'", '"')
     source.values[path] = Located(position, quoted, not isinstance(node, ScalarNode))
@@ -309,7 +311,7 @@ def _convert(node: Node, path: DataPath, source: SourceMap) -> Any:
             f"the tag {node.tag} is not allowed",
             "remove the tag",
         )
-    result: dict[str, Any] = {}
+    result: dict[str, JSON] = {}
     for key_node, value_node in node.value:
         key_at = _position(key_node.start_mark) or position
         if not isinstance(key_node, ScalarNode):
@@ -347,7 +349,7 @@ def _convert(node: Node, path: DataPath, source: SourceMap) -> Any:
     return result
 
 
-def _plain_scalar(text: str, refuse: Any) -> Any:
+def _plain_scalar(text: str, refuse: Callable[[str, str, str], Refused]) -> JSON:
     """Resolve an unquoted scalar by the YAML 1.2 core schema."""
     if _NULL.match(text):
         return None
@@ -377,7 +379,7 @@ def _plain_scalar(text: str, refuse: Any) -> Any:
     return text
 
 
-def iter_paths(data: Any, path: DataPath = ()) -> Iterator[tuple[DataPath, Any]]:
+def iter_paths(data: JSON, path: DataPath = ()) -> Iterator[tuple[DataPath, JSON]]:
     """Every (path, value) in a JSON value, parents before children."""
     yield path, data
     if isinstance(data, dict):

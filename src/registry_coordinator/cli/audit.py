@@ -18,7 +18,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from registry_coordinator.cli.service import configure_logging, run_service
 from registry_coordinator.errors import CoordinatorError, ExitCode
@@ -26,8 +26,16 @@ from registry_coordinator.errors import CoordinatorError, ExitCode
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
     from registry_coordinator.audit.histories import Verified
     from registry_coordinator.cli.tree import Commands, Handler
+    from registry_coordinator.config import Config
+    from registry_coordinator.semantics.checkpoints import Checkpoint
+    from registry_coordinator.store.database import Database
 
 
 def add_commands(commands: Commands) -> None:
@@ -98,7 +106,7 @@ class _AuditUsage(CoordinatorError):
     exit_code = ExitCode.USAGE
 
 
-def _audit_database(config: Any, work: Callable[[Any], Awaitable[None]]) -> None:
+def _audit_database(config: Config, work: Callable[[Database], Awaitable[None]]) -> None:
     """Run ``work`` with the configured database, as the audit commands' one step online."""
     from registry_coordinator.service import open_database
 
@@ -110,7 +118,7 @@ def _audit_database(config: Any, work: Callable[[Any], Awaitable[None]]) -> None
     run_service(run)
 
 
-def _audit_key(config: Any, action: str) -> Any:
+def _audit_key(config: Config, action: str) -> Ed25519PrivateKey:
     key = config.audit.signing_key
     if key is None:
         raise _AuditUsage(
@@ -120,7 +128,7 @@ def _audit_key(config: Any, action: str) -> Any:
     return key
 
 
-def _public_key_file(path: Path) -> Any:
+def _public_key_file(path: Path) -> Ed25519PublicKey:
     from registry_coordinator.semantics.checkpoints import UnusableKey, public_key
 
     try:
@@ -198,7 +206,7 @@ def _verify_database(args: argparse.Namespace) -> int:
         kept = _kept_checkpoint(args.checkpoint, key)
     found: list[Verified] = []
 
-    async def work(db: Any) -> None:
+    async def work(db: Database) -> None:
         found.append(
             await histories.verify(db, args.run, since, key, kept, config.retention.directory)
         )
@@ -219,7 +227,7 @@ def _since(text: str) -> datetime:
         ) from None
 
 
-def _report(verified: Verified, run: uuid.UUID | None, key: Any) -> int:
+def _report(verified: Verified, run: uuid.UUID | None, key: Ed25519PublicKey | None) -> int:
     """Each break on its line of stdout, then what was verified, or why it does not hold."""
     for broken in verified.breaks:
         print(f"run {broken.run}: event {broken.seq}: {broken.why}")
@@ -246,7 +254,7 @@ def _report(verified: Verified, run: uuid.UUID | None, key: Any) -> int:
     return ExitCode.OK
 
 
-def _kept_checkpoint(path: Path, key: Any) -> Any:
+def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
     """A checkpoint kept elsewhere, read and checked against ``key``."""
     from registry_coordinator.semantics import bundles
     from registry_coordinator.semantics.chain import parse
@@ -281,7 +289,7 @@ def _audit_export(args: argparse.Namespace) -> int:
     key = _audit_key(config, "export")
     written: list[bytes] = []
 
-    async def work(db: Any) -> None:
+    async def work(db: Database) -> None:
         written.append(await histories.export(db, args.run, key))
 
     _audit_database(config, work)
@@ -297,9 +305,9 @@ def _audit_checkpoint(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     key = _audit_key(config, "checkpoint")
-    latest: list[Any] = []
+    latest: list[Checkpoint] = []
 
-    async def work(db: Any) -> None:
+    async def work(db: Database) -> None:
         await checkpoint(db, key)
         row = await db.row("audit_last_checkpoint")
         if row is not None:

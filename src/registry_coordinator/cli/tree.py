@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import NoReturn, TypeAlias
 
 from registry_coordinator import __version__
 from registry_coordinator.cli import audit, authoring, remote, service, standins, tutorial
@@ -25,7 +25,7 @@ Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's own exit code is already 2
+    def error(self, message: str) -> NoReturn:  # argparse's own exit code is already 2
         self.print_usage(sys.stderr)
         self.exit(ExitCode.USAGE, f"{self.prog}: error: {message}\n")
 

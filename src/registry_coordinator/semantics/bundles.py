@@ -20,10 +20,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.semantics.chain import Event, canonical, first_break, parse
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, proven_root, signed_by
 
@@ -89,25 +89,25 @@ class Proven:
     checkpoint_at: str
 
 
-def _mapping(value: Any, keys: set[str], what: str) -> dict[str, Any]:
+def _mapping(value: object, keys: set[str], what: str) -> dict[str, JSON]:
     if not isinstance(value, dict) or set(value) != keys:
         raise Refused(f"{what} must have exactly the fields {', '.join(sorted(keys))}")
     return value
 
 
-def _text(value: Any, what: str, pattern: re.Pattern[str] | None = None) -> str:
+def _text(value: object, what: str, pattern: re.Pattern[str] | None = None) -> str:
     if not isinstance(value, str) or (pattern is not None and not pattern.fullmatch(value)):
         raise Refused(f"{what} is not what the format says" + (" (lower-case hex)" * bool(pattern)))
     return value
 
 
-def _whole(value: Any, what: str) -> int:
+def _whole(value: object, what: str) -> int:
     if not isinstance(value, Decimal) or value != value.to_integral_value() or value < 0:
         raise Refused(f"{what} must be a whole number")
     return int(value)
 
 
-def _events(run: str, items: Any) -> list[Event]:
+def _events(run: str, items: object) -> list[Event]:
     if not isinstance(items, list) or not items:
         raise Refused("events must be a list of the run's events")
     events = []
@@ -128,7 +128,7 @@ def _events(run: str, items: Any) -> list[Event]:
     return events
 
 
-def read_checkpoint(value: Any) -> Checkpoint:
+def read_checkpoint(value: object) -> Checkpoint:
     """A checkpoint as a bundle, or a copy kept elsewhere, holds it (parsed JSON)."""
     c = _mapping(value, _CHECKPOINT, "the checkpoint")
     previous = c["previous"]

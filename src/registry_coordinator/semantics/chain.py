@@ -20,7 +20,9 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import NoReturn
+
+from registry_coordinator.authoring.canonical import JSON
 
 #: The largest power of ten a number may carry in JSON the chain reads: far beyond any
 #: event's, small enough that writing it out in plain decimal stays small. (PostgreSQL
@@ -28,7 +30,7 @@ from typing import Any
 MAX_EXPONENT = 1000
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
@@ -42,7 +44,7 @@ def _decimal(text: str) -> Decimal:
     return number
 
 
-def parse(text: str | bytes) -> Any:
+def parse(text: str | bytes) -> JSON:
     """JSON text as the chain reads it: every number a Decimal; NaN and Infinity, which
     Python reads but JSON has not, and numbers too large to write out in plain decimal,
     refused (ValueError)."""
@@ -59,7 +61,7 @@ def _number(value: Decimal | int) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def canonical(value: Any) -> str:
+def canonical(value: object) -> str:
     """The canonical JSON text of ``value`` (as :func:`parse` gives it)."""
     if isinstance(value, dict):
         items = sorted(value.items())
@@ -89,7 +91,7 @@ class Event:
     kind: str
     step: str
     actor: str
-    detail: Any
+    detail: JSON
     hash: bytes  # as recorded
 
 

@@ -18,7 +18,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, assert_never
+from typing import assert_never
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.definition import Definition
@@ -589,7 +589,7 @@ def mismatches(scenario: Scenario, ended: Outcome) -> list[str]:
     expect = scenario.expect
     found: list[str] = []
 
-    def compare(what: str, wanted: Any, got: Any) -> None:
+    def compare(what: str, wanted: object, got: object) -> None:
         if wanted != got:
             found.append(f"{what}: expected {json.dumps(wanted)}, got {json.dumps(got)}")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, assert_never
+from typing import assert_never
 from urllib.parse import quote, urlencode
 
 from registry_coordinator.authoring.canonical import (
@@ -36,6 +36,7 @@ from registry_coordinator.authoring.catalog import (
 )
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import (
+    Activation,
     EvaluationError,
     parse_instant,
     to_json,
@@ -62,7 +63,7 @@ class RunRecord:
     outputs: dict[str, JSON] = field(default_factory=dict)
     completed: dict[str, datetime] = field(default_factory=dict)
 
-    def variables(self) -> dict[str, Any]:
+    def variables(self) -> dict[str, object]:
         return variables(
             input=self.input,
             outputs=self.outputs,
@@ -329,7 +330,7 @@ def enter(definition: Definition, step_id: str, run: RunRecord, now: datetime) -
         return Failed(FailureCode.EXPRESSION_ERROR, detail(str(exc)))
 
 
-def _choose(definition: Definition, step: Choose, scope: dict[str, Any]) -> Advance:
+def _choose(definition: Definition, step: Choose, scope: Activation) -> Advance:
     """The first case whose condition holds, else ``otherwise``."""
     for index, case in enumerate(step.cases):
         value = definition.expression(step.id, case.when).evaluate(scope)
@@ -340,9 +341,7 @@ def _choose(definition: Definition, step: Choose, scope: dict[str, Any]) -> Adva
     return Advance(step.otherwise, "otherwise")
 
 
-def _await(
-    definition: Definition, step: WaitFor, scope: dict[str, Any], now: datetime
-) -> Transition:
+def _await(definition: Definition, step: WaitFor, scope: Activation, now: datetime) -> Transition:
     """Begin to wait for the result the step's key names (refused if the key could not
     name one: it becomes a path segment of the fetch)."""
     key = definition.expression(step.id, step.key).evaluate(scope)
@@ -357,7 +356,7 @@ def _await(
     return Await(result, key, timeout_at)
 
 
-def _finish(definition: Definition, step: Finish, scope: dict[str, Any]) -> Transition:
+def _finish(definition: Definition, step: Finish, scope: Activation) -> Transition:
     """End with the step's outcome and its rendered output, if that fits the schema."""
     output = definition.render(step.id, scope) if step.id in definition.templates else None
     problems = definition.schema_errors(definition.workflow.outcomes[step.outcome], output)
@@ -369,7 +368,7 @@ def _finish(definition: Definition, step: Finish, scope: dict[str, Any]) -> Tran
     return Finished(step.outcome, output)
 
 
-def _instant(value: Any, source: str) -> datetime:
+def _instant(value: object, source: str) -> datetime:
     if isinstance(value, datetime):
         return value
     if isinstance(value, str):
@@ -380,7 +379,7 @@ def _instant(value: Any, source: str) -> datetime:
     raise EvaluationError(f"{source}: gave {to_json(value)!r}, not a timestamp")
 
 
-def _send(definition: Definition, step: Call, run: RunRecord, scope: dict[str, Any]) -> Transition:
+def _send(definition: Definition, step: Call, run: RunRecord, scope: Activation) -> Transition:
     operation = definition.operations[step.id]
     payload = definition.render(step.id, scope)
     problems = definition.schema_errors(operation.request_schema, payload)
