@@ -43,7 +43,6 @@ from registry_coordinator.store.claims import CancelledInFlight, Claimed, Settle
 from registry_coordinator.store.statements import (
     CALL_OUTCOMES,
     INTERRUPTED,
-    Columns,
     call_outcome,
     columns,
     plan,
@@ -438,46 +437,14 @@ def test_without_go_on_only_the_transition_is_taken() -> None:
     assert planned.statement["kinds"] == ["step-completed"]
 
 
-def _transition(step: str, event_step: str) -> Columns:
-    """One transition's columns, with every column its default."""
-    return {
-        "id": RUN,
-        "now": NOW,
-        "actor": "test",
-        "step": step,
-        "state": RunState.RUNNING,
-        "attempt": 0,
-        "checks": 0,
-        "timer_at": None,
-        "wakes_to": None,
-        "due_at": None,
-        "lease_owner": None,
-        "lease_token": None,
-        "outcome": None,
-        "output": None,
-        "failure_code": None,
-        "hold_code": None,
-        "detail": None,
-        "ends": False,
-        "token": TOKEN,
-        "event_step": event_step,
-        "honour_cancel": True,
-        "call_status": None,
-        "call_response": None,
-        "call_outcome": None,
-        "outputs": {},
-        "completed": {event_step: "t"},
-        "kind": "step-completed",
-        "event": {},
-    }
-
-
 def test_the_settled_call_and_the_fence_are_the_first_transitions() -> None:
-    first = _transition("decide", "read")
-    first.update({"call_status": 200, "call_response": b"{}", "call_outcome": "response"})
-    first.update({"outputs": {"read": 1}, "event": {"n": 1}})
-    last = _transition("act", "decide")
-    last.update({"token": uuid.uuid4(), "honour_cancel": False, "lease_token": TOKEN})
+    """A read answered, then the choice after it taken by a holder that keeps its lease."""
+    four = definition("bench-four")
+    settled = Settlement("response", 200, b"{}")
+    read = Advance("decide", "next", {"data": {}}, True)
+    first, _ = columns(four, held_at("bench-four", "read"), read, LEASE, False, POLL, NOW, settled)
+    later = held_at("bench-four", "decide", token=uuid.uuid4())
+    last, _ = columns(four, later, Advance("act", "case 1"), LEASE, True, POLL, NOW)
     merged = statement([first, last], leaves_wait=True)
     assert {name: merged[name] for name in ("token", "event_step", "call_status")} == {
         "token": TOKEN,
@@ -489,10 +456,12 @@ def test_the_settled_call_and_the_fence_are_the_first_transitions() -> None:
         "act",
         True,
     )
-    assert (merged["honour_cancel"], merged["lease_token"]) == (True, TOKEN)
-    assert merged["outputs"] == {"read": 1}
-    assert merged["completed"] == {"read": "t", "decide": "t"}
+    assert merged["lease_token"] == later.token  # the last one's: the holder keeps it
+    assert merged["outputs"] == {"read": {"data": {}}}
+    instant = format_instant(NOW)
+    assert merged["completed"] == {"read": instant, "decide": instant}
     assert merged["event_steps"] == ["read", "decide"]
+    assert merged["kinds"] == ["step-completed", "step-completed"]
 
 
 def test_leaving_a_wait_drops_it() -> None:
