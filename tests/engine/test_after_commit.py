@@ -55,9 +55,11 @@ class Told:
     """The timer, as far as a commit tells it anything: the delays it was told of."""
 
     delays: list[float] = field(default_factory=list)
+    event: trio.Event = field(default_factory=trio.Event)  # set once it is told of one
 
     def scheduled(self, seconds: float) -> None:
         self.delays.append(seconds)
+        self.event.set()
 
 
 @dataclass
@@ -247,8 +249,10 @@ async def test_a_call_task_and_a_result_read_tell_the_timer_and_the_listener(
         run_id = await start(db, pin, {"email": "a@example.org"})
         async with engine(db, workflows, AfterCommit(metrics, ends, told), products) as worker:
             await worker.advance(*await claim(db, workflows))  # hands the call to its pool
-            while state(dsn, run_id) != RunState.WAITING:
-                await trio.sleep(0.01)
+            # The call task's commit is in the database before what follows it has run,
+            # so the test waits for the telling itself, not for the run's state.
+            await told.event.wait()
+            assert state(dsn, run_id) == RunState.WAITING
             assert len(told.delays) == 1 and told.delays[0] > 0  # its first read
             assert ends.count == 0
             while [m["dispatch"] for m in standin.messages.values()] != ["submitted"]:
@@ -258,4 +262,5 @@ async def test_a_call_task_and_a_result_read_tell_the_timer_and_the_listener(
             await ends.event.wait()
     assert state(dsn, run_id) == RunState.FINISHED
     assert ends.count == 1
+    assert len(told.delays) == 1  # an ended run is due at no time: nothing more to tell
     assert ended(metrics, "notice-delivery", RunState.FINISHED, "not-reported") == 1
