@@ -13,24 +13,27 @@ demo *args:
     {{bin}}/coordinator demo {{args}}
 
 # Lint, format check, type check, then the whole test suite
-test *args: lint browser
+test *args: lint packages
     {{bin}}/pytest -n 3 --dist worksteal {{args}}
 
-# Chromium for tests/browser: apt-get installs it when missing, if run as root
-browser:
+# Debian packages the tests use, apt-get installed when missing (if run as root): Chromium
+# for tests/browser, systemd's systemd-analyze for the unit's verification
+packages:
     #!/usr/bin/env bash
     set -euo pipefail
-    chromium="${CHROMIUM:-/usr/bin/chromium}"
-    [ -x "$chromium" ] && exit 0
+    missing=()
+    [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium fonts-liberation)
+    command -v systemd-analyze >/dev/null || missing+=(systemd)
+    [ ${#missing[@]} -eq 0 ] && exit 0
     if [ "$(id -u)" != 0 ]; then
-        echo "no chromium at $chromium, so the browser tests will fail: sudo apt-get install chromium fonts-liberation"
+        echo "missing ${missing[*]}, so some tests will fail: sudo apt-get install ${missing[*]}"
         exit 0
     fi
-    echo "installing chromium for the browser tests (apt-get)..."
-    log=.venv/apt-chromium.log
-    if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-liberation; } >"$log" 2>&1; then
+    echo "installing ${missing[*]} for the tests (apt-get)..."
+    log=.venv/apt-packages.log
+    if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
         tail -n 20 "$log"
-        echo "installing chromium failed (whole log: $log)" >&2
+        echo "installing ${missing[*]} failed (whole log: $log)" >&2
         exit 1
     fi
 

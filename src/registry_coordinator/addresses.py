@@ -14,9 +14,15 @@ from registry_coordinator.errors import CoordinatorError, ExitCode
 
 
 class PortInUse(CoordinatorError):
-    """An address to listen on is taken by another process."""
+    """An address to listen on is taken by another process: what is taken (``what``) and
+    what to do (``repair``), said apart where a command lists problems with their repairs."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+    def __init__(self, what: str, repair: str) -> None:
+        super().__init__(f"{what}: stop it, or {repair}")
+        self.what = what
+        self.repair = f"stop it, or {repair}"
 
 
 def bind(host: str, port: int, given: str, repair: str) -> socket.socket:
@@ -31,9 +37,7 @@ def bind(host: str, port: int, given: str, repair: str) -> socket.socket:
         sock.close()
         if exc.errno != errno.EADDRINUSE:
             raise
-        raise PortInUse(
-            f"{host}:{port} is in use by another process ({given}): stop it, or {repair}"
-        ) from None
+        raise PortInUse(f"{host}:{port} is in use by another process ({given})", repair) from None
     return sock
 
 

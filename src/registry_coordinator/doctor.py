@@ -7,9 +7,15 @@ database (its server version and the schema), each connection's product (its bas
 answering, over valid TLS, and its service identity getting a token) and the issuer's key
 set. Nothing is changed anywhere: no migration runs, no request a product could act on is
 sent (a product is asked with a GET of its base URL, whatever it answers), and the embedded
-database is only started and stopped. Each line is ``ok``, or ``FAIL`` with the repair; the
-exit code is 0 when all are ok, 1 when something is refused (fix the configuration, an
-artifact, the schema, a credential), and 3 when something is only unreachable now.
+database is only started and stopped. What the file points at is looked at as far as its
+sections parse, whatever else is wrong with it, so one pass says every problem; a file
+refused anyway starts nothing (not the embedded database). Each line is ``ok``, or
+``FAIL`` with the repair; the exit code is 0 when all are ok, 1 when something is refused
+(fix the configuration, an artifact, the schema, a credential, the DSN), and 3 when
+something is only unreachable now.
+
+``serve`` refusing a file says what :func:`add_unreachable` finds with the rest, from the
+same probes as these lines.
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ import httpx
 import trio
 
 from registry_coordinator.addresses import PortInUse, require_free
-from registry_coordinator.config import Config
+from registry_coordinator.authoring.catalog import builtin_catalog
+from registry_coordinator.config import (
+    AuthConfig,
+    Config,
+    ConfigReading,
+    ConnectionConfig,
+    DatabaseConfig,
+)
 from registry_coordinator.engine import destinations
 from registry_coordinator.engine.calls import open_products
 from registry_coordinator.engine.identity import IdentityRefused, IdentityUnavailable
@@ -65,9 +78,9 @@ class Findings:
         return ExitCode.UNAVAILABLE if self.unavailable else ExitCode.OK
 
 
-def _offline(path: Path, found: Findings) -> Config | None:
+def _offline(path: Path, found: Findings) -> ConfigReading:
     """The configuration, the pinned artifacts and their bindings, every problem of each
-    (as far as the structure lets each be looked at); the Config when its structure holds."""
+    (as far as the structure lets each be looked at)."""
     reading, workflows = read_service(path)
     problems = reading.problems
     for d in problems.of("configuration"):
@@ -84,7 +97,7 @@ def _offline(path: Path, found: Findings) -> Config | None:
     if reading.config is not None and not problems.of("connections"):
         bound = len(reading.config.connections)
         found.ok(f"every workflow's connections are bound ({bound} bound)")
-    return reading.config
+    return reading
 
 
 def _tracing(config: Config, found: Findings) -> None:
@@ -111,20 +124,69 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _listen(config: Config, found: Findings) -> None:
+def listen_taken(host: str, port: int) -> PortInUse | None:
+    """Why the listen address cannot be listened on, if another process holds it."""
     try:
-        require_free(config.host, config.port, "listen.host, listen.port", "another port")
-        found.ok(f"{config.host}:{config.port} is free to listen on")
+        require_free(host, port, "listen.host, listen.port", "give listen.port another port")
     except PortInUse as busy:
-        found.unreachable(f"listen address: {busy}", "stop what holds it, or change listen")
+        return busy
+    return None
 
 
-async def _database(config: Config, found: Findings) -> None:
+def _listen(host: str, port: int, found: Findings) -> None:
+    busy = listen_taken(host, port)
+    if port == 0:
+        found.ok(f"listen {host}, port 0: a free port is picked at each start")
+    elif busy is None:
+        found.ok(f"{host}:{port} is free to listen on")
+    else:
+        found.unreachable(f"listen address: {busy.what}", busy.repair)
+
+
+def database_repair(exc: CoordinatorError) -> str:
+    """What to do about a database that could not be opened: an outage passes, a refused
+    connection (no such database or role, a wrong password) needs the DSN changed."""
+    if exc.exit_code == ExitCode.UNAVAILABLE:
+        return "start it, or correct database.dsn"
+    return "correct database.dsn, or create what it names"
+
+
+async def _database(database: DatabaseConfig, found: Findings) -> None:
     try:
-        async with open_database_unchecked(config, "coordinator/doctor") as db:
+        async with open_database_unchecked(database, "coordinator/doctor", size=1) as db:
             await _schema(db, found)
     except CoordinatorError as exc:
-        found.unreachable(f"database: {exc.line()}", "start it, or correct database.dsn")
+        say = found.unreachable if exc.exit_code == ExitCode.UNAVAILABLE else found.refuse
+        say(f"database: {exc.line()}", database_repair(exc))
+
+
+def add_unreachable(reading: ConfigReading) -> None:
+    """Add to the problems of a start refused anyway what the file points at and cannot be
+    reached now: the listen address another process holds, a database that cannot be
+    reached or refuses. The embedded database is not started for it: ``serve`` starts
+    it itself."""
+    problems = reading.problems
+    if reading.listen is not None and (busy := listen_taken(*reading.listen)) is not None:
+        problems.report("reach", "config.listen-in-use", busy.what, busy.repair, ("listen", "port"))
+    database = reading.database
+    if database is None or database.embedded is not None:
+        return
+
+    async def reach() -> CoordinatorError | None:
+        try:
+            async with open_database_unchecked(database, "coordinator/serve", size=1):
+                return None
+        except CoordinatorError as exc:
+            return exc
+
+    if (failed := trio.run(reach)) is not None:
+        problems.report(
+            "reach",
+            "config.database-unreachable",
+            f"database.dsn: {failed.line()}",
+            database_repair(failed),
+            ("database", "dsn"),
+        )
 
 
 async def _schema(db: Database, found: Findings) -> None:
@@ -144,8 +206,10 @@ async def _schema(db: Database, found: Findings) -> None:
         found.ok(f"schema: version {known()[-1].version}, this build's")
 
 
-async def _products(config: Config, found: Findings) -> None:
-    async with open_products(config.connections) as (products, client):
+async def _products(
+    connections: dict[str, ConnectionConfig], auth: AuthConfig | None, found: Findings
+) -> None:
+    async with open_products(connections) as (products, client):
         for name, product in sorted(products.items()):
             where = f"connection {name} ({product.config.product}, {product.config.base_url})"
             if product.config.external is not None:
@@ -177,8 +241,8 @@ async def _products(config: Config, found: Findings) -> None:
                     )
                 except IdentityUnavailable as exc:
                     found.unreachable(f"connection {name}: no token: {exc}", "is the issuer up?")
-        if config.auth.mode == "jwt":
-            keys = await KeySet(config.auth, client).check()
+        if auth is not None and auth.mode == "jwt":
+            keys = await KeySet(auth, client).check()
             if keys["ok"]:
                 found.ok(f"auth: {keys['detail']}")
             else:
@@ -202,16 +266,27 @@ async def _destination(url: str, where: str, found: Findings) -> bool:
 def doctor(path: Path) -> int:
     """Look at everything ``coordinator serve --config path`` needs; the exit code."""
     found = Findings()
-    config = _offline(path, found)
-    if config is None:  # nothing to reach without a configuration that holds
-        print(f"{found.refused} of {len(found.lines)} checks failed", file=sys.stderr)
-        return found.exit_code()
-    _tracing(config, found)
-    _listen(config, found)
+    reading = _offline(path, found)
+    config = reading.config
+    if config is not None:
+        _tracing(config, found)
+    # What the file points at is looked at as far as its sections parsed, whatever else
+    # is wrong with it: every problem in one pass. A file refused anyway starts nothing
+    # (not the embedded database, which would make its data directory), and only the
+    # connections bound to a product kind there is are asked.
+    if reading.listen is not None:
+        _listen(*reading.listen, found)
+    database = reading.database
+    if config is None and database is not None and database.embedded is not None:
+        database = None
+    kinds = builtin_catalog().products
+    connections = {n: c for n, c in reading.connections.items() if c.product in kinds}
 
     async def online() -> None:
-        await _database(config, found)
-        await _products(config, found)
+        if database is not None:
+            await _database(database, found)
+        auth = config.auth if config is not None else None
+        await _products(connections, auth, found)
 
     trio.run(online)
     summary = (

@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from registry_coordinator import store
 from registry_coordinator.audit.checkpointer import Checkpointer
 from registry_coordinator.audit.retention import Archiver
-from registry_coordinator.config import Config
+from registry_coordinator.config import Config, DatabaseConfig
 from registry_coordinator.engine import feeds
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import Product, open_products
@@ -93,18 +93,20 @@ class Seat:
 
 @asynccontextmanager
 async def open_database_unchecked(
-    config: Config, application_name: str = "registry-coordinator", size: int | None = None
+    database: DatabaseConfig,
+    application_name: str = "registry-coordinator",
+    size: int | None = None,
 ) -> AsyncIterator[Database]:
     """Connect to the configured database, starting the embedded one if asked, with a
     pool of ``size`` connections (the configured ``poolSize`` unless given)."""
     embedded = None
-    dsn = config.database.dsn
-    if config.database.embedded is not None:
-        embedded = EmbeddedPostgres(config.database.embedded)
+    dsn = database.dsn
+    if database.embedded is not None:
+        embedded = EmbeddedPostgres(database.embedded)
         dsn = await trio.to_thread.run_sync(embedded.start)
     assert dsn is not None
     try:
-        db = await Database.open(dsn, size or config.database.pool_size, application_name)
+        db = await Database.open(dsn, size or database.pool_size, application_name)
         try:
             yield db
         finally:
@@ -120,7 +122,7 @@ async def open_database(
 ) -> AsyncIterator[Database]:
     """The configured database, checked to be PostgreSQL 17+ with this build's schema
     (which the embedded database is migrated to by itself)."""
-    async with open_database_unchecked(config, application_name, size) as db:
+    async with open_database_unchecked(config.database, application_name, size) as db:
         version = await check_server(db)
         if config.database.embedded is not None:
             for migration in await migrate(db):

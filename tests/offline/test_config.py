@@ -131,6 +131,30 @@ def test_secrets_come_from_the_environment_or_a_file(
     assert refused(path) == [("config.secret-unavailable", 1)]
 
 
+def test_a_dsn_whose_port_is_no_port_is_refused_offline_also_by_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq judges a port only as it connects, where its refusal looks like an outage
+    (exit 3) and systemd restarts it forever: refused with the file instead, exit 1,
+    without the referenced value, which may hold a password."""
+    path = tmp_path / "config.yaml"
+    for dsn in ("postgresql://app@db:70000/c", "host=a,b port=5432,x dbname=c"):
+        path.write_text(f"database: {{dsn: '{dsn}'}}\nworkflows: []\nauth: {{mode: none}}\n")
+        assert refused(path) == [("config.invalid-value", 1)], dsn
+    monkeypatch.setenv("COORDINATOR_TEST_DSN", "postgresql://app:secret-pw@db:0/c")
+    path.write_text(
+        "database: {dsn: 'env:COORDINATOR_TEST_DSN'}\nworkflows: []\nauth: {mode: none}\n"
+    )
+    with pytest.raises(Refused) as caught:
+        load_config(path)
+    [problem] = caught.value.diagnostics
+    assert "env:COORDINATOR_TEST_DSN" in problem.message and "'0'" in problem.message
+    assert "secret-pw" not in problem.message
+    for dsn in ("postgresql://app@db:5432/c", "postgresql://app@a:1,b:65535/c", "dbname=c"):
+        path.write_text(f"database: {{dsn: '{dsn}'}}\nworkflows: []\nauth: {{mode: none}}\n")
+        assert load_config(path).database.dsn == dsn
+
+
 def test_database_needs_exactly_one_of_dsn_and_embedded(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("database: {}\nworkflows: []\nauth: {mode: none}\n")

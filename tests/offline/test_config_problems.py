@@ -71,6 +71,7 @@ def _bad_everywhere(tmp_path: Path) -> Bad:
         "  registry: {product: bregg, baseUrl: 'http://127.0.0.1:1',"
         " identity: {bearer: env:STANDIN_TOKEN}}\n"
         "  spare: {product: casewrk, baseUrl: 'http://127.0.0.1:1', identity: {bearer: 7}}\n"
+        "listen: {port: 0}\n"  # a port no other process can hold
     )
     return Bad(path, missing, act, notify, act_digest, notify_digest)
 
@@ -132,8 +133,9 @@ def test_doctor_says_every_problem_of_every_stage_and_starts_nothing(tmp_path: P
         "kind: did you mean product: breg?",
         f"FAIL  connections: {path}:10:20: error[config.invalid-value]: connection spare is "
         "bound to 'casewrk', which is no product kind: did you mean product: casework?",
+        "ok    listen 127.0.0.1, port 0: a free port is picked at each start",
     ]
-    assert result.stderr == "7 of 9 checks failed\n"
+    assert result.stderr == "7 of 10 checks failed\n"
     assert not (tmp_path / "pg").exists()
 
 

@@ -43,6 +43,8 @@ ELSEWHERE = {
     "config.task-authority-missing",
     "config.task-authority-refused",
     "config.external-unreviewed",  # tests/service/test_external.py
+    "config.listen-in-use",  # these two: tests/service/test_five_mistakes.py
+    "config.database-unreachable",
 }
 
 

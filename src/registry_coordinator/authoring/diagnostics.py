@@ -105,6 +105,8 @@ CODES: dict[str, str] = {
     "parameter its connection's review does not list",
     "config.task-authority-refused": "a pinned workflow's operation is bound to a connection "
     "whose task authority its product refuses for it",
+    "config.listen-in-use": "the listen address is held by another process",
+    "config.database-unreachable": "the database cannot be reached, or refuses the connection",
     # scenarios (coordinator test)
     "scenario.invalid": "a scenario names something the workflow does not have",
     "scenario.failed": "a scenario's run did not end as it expects",

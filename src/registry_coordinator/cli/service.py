@@ -97,11 +97,18 @@ def _positive(text: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from registry_coordinator.addresses import require_free
-    from registry_coordinator.engine.workflows import load_service
+    from registry_coordinator.engine.workflows import read_service
     from registry_coordinator.service import Seat, serve
 
     configure_logging(args.child)
-    config, workflows = load_service(args.config)  # every problem of every stage at once
+    reading, workflows = read_service(args.config)  # every problem of every stage at once
+    if reading.problems and args.child is None:  # refused anyway: and what is unreachable
+        from registry_coordinator.doctor import add_unreachable
+
+        add_unreachable(reading)
+    reading.problems.refuse()
+    config = reading.config
+    assert config is not None
     if args.child is not None:  # a supervisor's process: the supervisor checked the rest
         seat = Seat.child(args.child, args.listen_fd, args.supervisor_fd, args.process_fd)
         return run_service(lambda: serve(config, workflows, seat))
@@ -136,7 +143,7 @@ def _migrate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
 
     async def run() -> None:
-        async with open_database_unchecked(config) as db:
+        async with open_database_unchecked(config.database) as db:
             await check_server(db)
             applied = await migrate(db)
             for migration in applied:

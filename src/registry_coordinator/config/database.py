@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg.abc import ConnDict
 from psycopg.conninfo import conninfo_to_dict
 
 from registry_coordinator.authoring.canonical import JSON
@@ -26,10 +27,25 @@ from registry_coordinator.config.values import (
 
 def has_password(dsn: str) -> bool:
     """Whether a connection string carries a password; ValueError if it is not one."""
+    return bool(_parsed(dsn).get("password"))
+
+
+def _parsed(dsn: str) -> ConnDict:
     try:
-        return bool(conninfo_to_dict(dsn).get("password"))
+        return conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ValueError(str(exc)) from None
+
+
+def port_problem(dsn: str) -> str | None:
+    """What is wrong with a connection string's ports, which libpq judges only as it
+    connects — where a refusal would look like an outage, and a service restarted on it
+    would be refused again and again."""
+    ports = str(_parsed(dsn).get("port") or "")
+    for port in ports.split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            return f"its port {port!r} is not a port number (1 to 65535)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,12 +82,10 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
         try:
             secret = has_password(dsn)
         except ValueError:
-            reader.report(
-                "config.invalid-value",
-                "dsn is not a PostgreSQL connection string",
-                "write postgresql://user@host:port/database",
-                (*path, "dsn"),
-            )
+            _malformed(reader, "dsn is not a PostgreSQL connection string", path)
+            return None
+        if wrong := port_problem(dsn):
+            _malformed(reader, f"dsn: {wrong}", path)
             return None
         if secret:
             reader.report(
@@ -83,7 +97,7 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
             return None
         return DatabaseConfig(dsn, None, pool_size)
     try:
-        return DatabaseConfig(resolve_secret(dsn), None, pool_size)
+        resolved = resolve_secret(dsn)
     except ValueError as exc:
         reader.report(
             "config.secret-unavailable",
@@ -92,3 +106,20 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
             (*path, "dsn"),
         )
         return None
+    try:
+        wrong = port_problem(resolved)
+    except ValueError:
+        wrong = "it is not a PostgreSQL connection string"
+    if wrong:  # said without the value, which may hold a password
+        _malformed(reader, f"the dsn {dsn} names: {wrong}", path)
+        return None
+    return DatabaseConfig(resolved, None, pool_size)
+
+
+def _malformed(reader: Reader, message: str, path: DataPath) -> None:
+    reader.report(
+        "config.invalid-value",
+        message,
+        "write postgresql://user@host:port/database",
+        (*path, "dsn"),
+    )

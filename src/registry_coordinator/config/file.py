@@ -71,6 +71,10 @@ class ConfigReading:
     problems: Problems
     #: The connections that parsed, whatever else is wrong with the file.
     connections: dict[str, ConnectionConfig] = field(default_factory=dict)
+    #: The database and the listen address where their sections parsed, whatever else is
+    #: wrong with the file: what it points at can be looked at in the same pass.
+    database: DatabaseConfig | None = None
+    listen: tuple[str, int] | None = None
 
 
 def load_config(path: Path) -> Config:
@@ -111,7 +115,9 @@ def read_config(path: Path) -> ConfigReading:
         ],
     )
     database = read_database(reader, root.get("database"), base)
+    before = len(reader.diagnostics)
     host, port = _listen(reader, root.get("listen", {}))
+    listen = (host, port) if len(reader.diagnostics) == before else None
     workflows = read_workflows(reader, root.get("workflows"), base)
     connections = read_connections(reader, root.get("connections", {}))
     engine = read_engine(reader, root.get("engine", {}))
@@ -127,7 +133,7 @@ def read_config(path: Path) -> ConfigReading:
     problems.add("configuration", reader.diagnostics)
     products = read_products(root.get("connections", {}))
     if problems:
-        return ConfigReading(None, workflows, products, problems, connections)
+        return ConfigReading(None, workflows, products, problems, connections, database, listen)
     assert database is not None and engine is not None and auth is not None
     config = Config(
         path,
@@ -144,7 +150,7 @@ def read_config(path: Path) -> ConfigReading:
         retention,
         tracing,
     )
-    return ConfigReading(config, workflows, products, problems, connections)
+    return ConfigReading(config, workflows, products, problems, connections, database, listen)
 
 
 def _listen(reader: Reader, value: JSON) -> tuple[str, int]:

@@ -2,8 +2,11 @@
 
 A file is looked at in stages: its structure (:func:`config.read_config`), then the pinned
 workflows' artifacts, then the connections they are bound to
-(``engine.workflows.load_service``). Each stage appends here instead of raising at its
-first problem, and the problems are reported in the stages' order, each in the file's.
+(``engine.workflows.load_service``), and, where a start is refused anyway, what the file
+points at and cannot be reached now (the listen address, the database: ``reach``), so the
+operator meets every problem in one pass rather than one per attempt. Each stage appends
+here instead of raising at its first problem, and the problems are reported in the stages'
+order, each in the file's.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from typing import Literal
 from registry_coordinator.authoring.diagnostics import Diagnostic, Refused, sort_key
 from registry_coordinator.authoring.source import DataPath, SourceMap
 
-Stage = Literal["configuration", "workflows", "connections"]
+Stage = Literal["configuration", "workflows", "connections", "reach"]
 #: The stages a configuration is looked at in, in the order they are reported.
-STAGES: tuple[Stage, ...] = ("configuration", "workflows", "connections")
+STAGES: tuple[Stage, ...] = ("configuration", "workflows", "connections", "reach")
 
 
 class Problems:

@@ -48,8 +48,15 @@ class Pinned:
 
 
 class Workflows:
-    def __init__(self, pinned: list[Pinned]) -> None:
+    """The pinned workflows new runs may start on, and every definition a run is on.
+
+    ``judged`` adds the artifacts refused only for their digest: their bindings are looked
+    at too, so the operator who fixes the digest does not meet the next problem at the
+    next start. Nothing ever runs on them."""
+
+    def __init__(self, pinned: list[Pinned], mismatched: list[Pinned] | None = None) -> None:
         self.pinned = pinned
+        self.judged = [*pinned, *(mismatched or [])]
         self._by_digest = {p.digest: p.definition for p in pinned}
 
     @classmethod
@@ -57,6 +64,7 @@ class Workflows:
         """Read and verify every pinned artifact, reporting each one refused to
         ``problems``; the workflows of the rest."""
         pinned: list[Pinned] = []
+        mismatched: list[Pinned] = []
         seen: dict[tuple[str, str], str] = {}
         for pin in pins:
             try:
@@ -73,6 +81,7 @@ class Workflows:
                     "or restore the artifact that was pinned",
                     (*pin.path, "digest"),
                 )
+                mismatched.append(Pinned(definition, digest, b"", pin))
                 continue
             identity = (definition.id, definition.version)
             if identity in seen and seen[identity] != digest:
@@ -87,7 +96,7 @@ class Workflows:
                 continue
             seen[identity] = digest
             pinned.append(Pinned(definition, digest, pin.artifact.read_bytes(), pin))
-        return cls(pinned)
+        return cls(pinned, mismatched)
 
     def check_bindings(self, products: dict[str, str | None] | None, problems: Problems) -> None:
         """Report every pinned workflow's connection that is not bound to the product kind
@@ -97,10 +106,10 @@ class Workflows:
         if products is None:
             return
         known = set(builtin_catalog().products)
-        for pin in self.pinned:
+        for pin in self.judged:
             known.update(pin.definition.workflow.connections.values())
         used: set[str] = set()
-        for pin in self.pinned:
+        for pin in self.judged:
             workflow = pin.definition.workflow
             for name, kind in workflow.connections.items():
                 used.add(name)
@@ -156,7 +165,7 @@ class Workflows:
         self._check_authority(connections, problems)
         self._check_reviews(connections, problems)
         wanted: dict[str, dict[str, Parameter]] = {}
-        for pin in self.pinned:
+        for pin in self.judged:
             definition = pin.definition
             for _, call, operation, _ in self._bound_calls(connections, pin):
                 for parameter in operation.bound:
@@ -215,7 +224,7 @@ class Workflows:
         """An operation that runs only under Casework's task authority (a Scheduling
         booking) needs a connection with a ``taskAuthority``; one its product refuses under
         a task grant (a BReg action) needs a connection without."""
-        for pin in self.pinned:
+        for pin in self.judged:
             definition = pin.definition
             for _, step, operation, connection in self._bound_calls(connections, pin):
                 identity = connection.identity
@@ -246,7 +255,7 @@ class Workflows:
         """An external read whose path, or a query parameter's name, is written in the
         workflow (not computed) must be one its connection's review allows: refused here
         rather than as each run reaches it (``external-invalid-command``)."""
-        for pin in self.pinned:
+        for pin in self.judged:
             definition = pin.definition
             for step_id, step, operation, connection in self._bound_calls(connections, pin):
                 reviewed = connection.external

@@ -119,6 +119,43 @@ class Unavailable(CoordinatorError):
     summary = "database unavailable"
 
 
+class ConnectionRefused(CoordinatorError):
+    """The database answered and refused the connection for what it was asked (exit code
+    1): no such database or role, a wrong password, no ``pg_hba.conf`` entry, a server
+    certificate that does not verify. Starting again cannot cure it, so it is not
+    :class:`Unavailable`, which a supervisor such as systemd restarts."""
+
+    summary = "database refused the connection"
+
+
+#: What libpq says, in its connection error's text, of a connection refused for what it
+#: asked (a connection error carries no SQLSTATE). A closed list: anything else is an
+#: outage. The server's part is in its ``lc_messages``, which these assume is English.
+REFUSALS: tuple[str, ...] = (
+    "does not exist",  # FATAL: database "x" does not exist, role "x" does not exist
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "is not permitted to log in",
+    "permission denied for database",
+    "invalid port number",
+    "invalid integer value",
+    "invalid connection option",
+    "invalid sslmode value",
+    "certificate verify failed",
+    "does not match host name",
+    "server does not support SSL",
+    "root certificate file",  # sslmode verify-* without the CA file
+)
+
+
+def _connect_error(exc: psycopg.OperationalError) -> CoordinatorError:
+    """A connection error as the command reports it: refused, or unavailable now."""
+    text = str(exc)
+    if any(refusal in text for refusal in REFUSALS):
+        return ConnectionRefused(_first_line(exc))
+    return Unavailable(_first_line(exc))
+
+
 class StatementFailed(CoordinatorError):
     """The database refused a statement for what it holds, not for an outage (data it
     cannot store, a broken constraint): a defect, which repeating will not cure."""
@@ -278,12 +315,13 @@ class Database:
     async def open(
         cls, dsn: str, size: int, application_name: str = "registry-coordinator"
     ) -> Database:
-        """Connect the whole pool now, so an unreachable database stops startup."""
+        """Connect the whole pool now, so an unreachable database stops startup, and one
+        that refuses the connection stops it as refused (:class:`ConnectionRefused`)."""
         database = cls(dsn, size, application_name)
         connected: list[Connection] = []
         try:
             for _ in range(size):
-                connected.append(await database._connect())
+                connected.append(await database._connect(starting=True))
         except BaseException:
             for conn in connected:
                 conn.raw.close_now()
@@ -292,11 +330,14 @@ class Database:
             database._send.send_nowait(conn)
         return database
 
-    async def _connect(self) -> Connection:
+    async def _connect(self, *, starting: bool = False) -> Connection:
+        """A new connection. Replacing one of a running pool, every failure is an outage
+        (:class:`Unavailable`), which the engine waits out: a role's password rotated, or
+        a database restored under its name, must not stop the service."""
         try:
             return Connection(await _TrioConnection.open(self.dsn, self.application_name))
         except psycopg.OperationalError as exc:
-            raise Unavailable(_first_line(exc)) from None
+            raise (_connect_error(exc) if starting else Unavailable(_first_line(exc))) from None
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
