@@ -23,6 +23,10 @@ def test_the_demo_ends_approved_and_notified_and_runs_again(tmp_path: Path) -> N
     assert "await_decision: the product said review-decision is there" in first.stdout
     assert "await_decision: read the result, as the product had said" in first.stdout
     assert "await_delivery: read the result: " in first.stdout  # Messaging is only read
+    # The review command as printed works pasted into a fresh shell: with the stand-ins'
+    # staff token before it (the interactive test below runs it so).
+    [review] = [line for line in first.stdout.splitlines() if "coordinator review " in line]
+    assert review.strip().startswith("$ STANDIN_STAFF_TOKEN=demo-staff-token coordinator"), review
     # The printed history: every event numbered in order, in the order the run took them
     # (how often Messaging was read before the notice was delivered is the clock's).
     lines = first.stdout.splitlines()
@@ -80,9 +84,9 @@ def test_interactive_demo_waits_for_the_reviewer_and_ctrl_c_stops_everything(
             if "In another terminal" in line:
                 printed = demo.stdout.readline()
                 lines.append(printed)
-                # NAME=TOKEN coordinator review ID approve ...: as a caseworker types it.
+                # $ NAME=TOKEN coordinator review ID approve ...: as a caseworker types it.
                 words = printed.split("coordinator ", 1)[1].split()
-                name, token = printed.strip().split()[0].split("=", 1)
+                name, token = printed.strip().split()[1].split("=", 1)
                 review = subprocess.run(
                     [sys.executable, "-m", "registry_coordinator", *words],
                     capture_output=True,

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from registry_coordinator.store.database import QUERIES, sync_connection
+from registry_coordinator.store.migrations import known
 from tests.support import Cluster, Services, migrate, old_postgres, wait_state, write_config
 
 
@@ -212,10 +213,19 @@ def test_startup_refuses_a_schema_that_is_not_this_builds(empty_dsn: str, tmp_pa
     with sync_connection(dsn) as conn:
         conn.execute("UPDATE coordinator_migrations SET checksum = 'edited' WHERE version = 1")
     one_line_refusal(serve_once(config), 1, "differs from this build's file")
-    with sync_connection(dsn) as conn:
-        conn.execute("DELETE FROM coordinator_migrations")
-        conn.execute("INSERT INTO coordinator_migrations VALUES (99, 'future', 'x')")
-    one_line_refusal(serve_once(config), 1, "newer than this build's")
+    latest = known()[-1].version
+    with sync_connection(dsn) as conn:  # a newer build's three migrations applied after ours
+        conn.execute(
+            "UPDATE coordinator_migrations SET checksum = %s WHERE version = 1",
+            (known()[0].checksum,),
+        )
+        for version in (latest + 1, latest + 2, latest + 3):
+            conn.execute(f"INSERT INTO coordinator_migrations VALUES ({version}, 'future', 'x')")
+    one_line_refusal(
+        serve_once(config),
+        1,
+        f"the database has schema version {latest + 3}, newer than this build's {latest}",
+    )
 
 
 def test_migrate_is_idempotent(empty_dsn: str, tmp_path: Path) -> None:

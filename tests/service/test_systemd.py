@@ -12,6 +12,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from registry_coordinator import cli
+from registry_coordinator.errors import ExitCode
 from tests.support import ROOT, Service, Services
 
 STALL = 3.0  # seconds the test has the service's event loop blocked
@@ -94,6 +95,10 @@ def test_systemd_analyze_accepts_the_unit_file(tmp_path: Path) -> None:
         line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0] != "#"
     )
     assert settings["NotifyAccess"] == "main"  # the supervisor, or the one process, speaks
+    # Outages (3) are restarted; refusals (1: configuration, schema, a refused database;
+    # 2: the command line) are not, or systemd would repeat them every RestartSec forever.
+    prevented = {int(code) for code in settings["RestartPreventExitStatus"].split()}
+    assert prevented == {ExitCode.INVALID, ExitCode.USAGE}, prevented
     default = settings["Environment"].removeprefix("COORDINATOR_PROCESSES=")
     command = shlex.split(settings["ExecStart"].replace("${COORDINATOR_PROCESSES}", default))
     assert cli.parser().parse_args(command[1:]).processes == 1

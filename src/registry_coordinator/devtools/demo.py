@@ -57,8 +57,11 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def command(*words: str | Path) -> None:
-    say("   $ coordinator " + " ".join(shlex.quote(str(w)) for w in words))
+def command(*words: str | Path, env: str = "") -> None:
+    """A command as the reader would type it, with the environment it needs (``env``:
+    ``NAME=VALUE``) written before it, so it also works pasted into a fresh shell."""
+    prefix = f"{env} " if env else ""
+    say(f"   $ {prefix}coordinator " + " ".join(shlex.quote(str(w)) for w in words))
 
 
 def free_port() -> int:
@@ -336,14 +339,15 @@ class Demo:
     def review(self, request_id: str) -> None:
         casework = f"http://127.0.0.1:{self.ports['casework']}"
         words = ["review", request_id, "approve", "--casework", casework]
+        staff = f"STANDIN_STAFF_TOKEN={STAFF_TOKEN}"  # the demo's stand-ins', not the default
         if self.interactive:
             say("   A caseworker's turn. In another terminal, approve (or reject) it:")
-            say(f"     STANDIN_STAFF_TOKEN={STAFF_TOKEN} coordinator " + " ".join(words))
+            command(*words, env=staff)
             say("   (the demo follows the run meanwhile)")
             return
         time.sleep(2)
         say("   A caseworker claims the review's task at Casework and approves it:")
-        command(*words)
+        command(*words, env=staff)
         try:
             decide(casework, request_id, "approve", STAFF_TOKEN)
         except ReviewRefused as exc:

@@ -62,12 +62,13 @@ async def pending(db: Queries) -> list[Migration]:
     present = await db.row("migrations_table_exists")
     applied = await db.rows("applied_migrations") if present and present["present"] else []
     by_version = {m.version: m for m in migrations}
+    newest = max((row["version"] for row in applied), default=0)
     for row in applied:
         mine = by_version.get(row["version"])
-        if mine is None:
+        if mine is None:  # the database's newest version is the one to name, not this one
             raise SchemaMismatch(
-                f"the database has schema version {row['version']}, newer than this build's "
-                f"{len(migrations)}: run a matching or newer Registry Coordinator"
+                f"the database has schema version {newest}, newer than this build's "
+                f"{migrations[-1].version}: run a matching or newer Registry Coordinator"
             )
         if mine.checksum != row["checksum"]:
             raise SchemaMismatch(
