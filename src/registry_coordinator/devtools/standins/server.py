@@ -60,15 +60,20 @@ def now() -> str:
 
 @dataclass
 class Fault:
-    """A rule that changes how matching requests are answered, ``times`` times (None: always)."""
+    """A rule that changes how matching requests are answered, ``times`` times (None: always).
+
+    ``hold`` keeps a request waiting, before it is routed, until the rules are next set (or
+    ``seconds`` pass): a test holds a product's requests as long as it needs, then lets them
+    all go at once, without betting on how long a loaded machine takes to get there."""
 
     match: str  # "METHOD /path-prefix", "METHOD /exact/path$", or "*"
-    mode: str  # status, hang-after-apply, delay, invalid, answer
+    mode: str  # status, hang-after-apply, delay, hold, invalid, answer
     status: int = 503
     seconds: float = 0.0
     retry_after: int | None = None
     times: int | None = None
     body: str = ""  # answer: the raw body sent with ``status`` once the route has applied
+    released: trio.Event = field(default_factory=trio.Event, compare=False)
 
     def matches(self, method: str, path: str) -> bool:
         if self.match == "*":
@@ -251,6 +256,7 @@ class StandIn:
         self.webhook = webhook
         self.ledger = Ledger()
         self.faults: list[Fault] = []
+        self.holding: list[Fault] = []  # the hold rules requests wait on, until rules are set
         self.keys = self.make_keys()
         self._nursery: trio.Nursery | None = None
         self.app = self._build()
@@ -297,6 +303,9 @@ class StandIn:
         @app.route("/_control/faults", methods=["POST"])
         async def faults() -> Response:
             rules = json.loads(await request.get_data())
+            for held in self.holding:  # what was set before lets its held requests go
+                held.released.set()
+            self.holding.clear()
             self.faults = [
                 Fault(
                     r.get("match", "*"),
@@ -419,6 +428,10 @@ class StandIn:
                 self.faults.remove(fault)
         if fault is not None and fault.mode == "delay":
             await trio.sleep(fault.seconds)
+        if fault is not None and fault.mode == "hold":
+            self.holding.append(fault)
+            with trio.move_on_after(fault.seconds):
+                await fault.released.wait()
         if fault is not None and fault.mode == "status":
             return self._fault_answer(fault.status, fault.retry_after)
         for route in routes:
