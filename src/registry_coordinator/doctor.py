@@ -5,12 +5,14 @@ bindings, saying every problem of each at once as ``coordinator serve`` would re
 whether spans can be sent where tracing says, and the listen address; then reaches the
 database (its server version and the schema), each connection's product (its base URL
 answering, over valid TLS, and its service identity getting a token) and the issuer's key
-set. Nothing is changed anywhere: no migration runs, no request a product could act on is
-sent (a product is asked with a GET of its base URL, whatever it answers), and the embedded
-database is only started and stopped. What the file points at is looked at as far as its
-sections parse, whatever else is wrong with it, so one pass says every problem; a file
-refused anyway starts nothing (not the embedded database). Each line is ``ok``, or
-``FAIL`` with the repair; the exit code is 0 when all are ok, 1 when something is refused
+set, and the high-water mark against the database (a database restored from a backup, a
+recovery still open). Nothing is changed anywhere: no migration runs, no request a product
+could act on is sent (a product is asked with a GET of its base URL, whatever it answers),
+and the embedded database is only started and stopped. What the file points at is looked
+at as far as its sections parse, whatever else is wrong with it, so one pass says every
+problem; a file refused anyway starts nothing (not the embedded database). Each line is
+``ok``, ``WARN`` with advice (not a failure), or ``FAIL`` with the repair; the exit code is
+0 when none failed, 1 when something is refused
 (fix the configuration, an artifact, the schema, a credential, the DSN), and 3 when
 something is only unreachable now.
 
@@ -39,12 +41,14 @@ from registry_coordinator.config import (
 )
 from registry_coordinator.engine import destinations
 from registry_coordinator.engine.calls import open_products
+from registry_coordinator.engine.high_water import MarkUnusable, read_mark
 from registry_coordinator.engine.identity import IdentityRefused, IdentityUnavailable
 from registry_coordinator.engine.workflows import read_service
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import KeySet
 from registry_coordinator.observability.tracing import OTLP_EXPORTER
 from registry_coordinator.service import open_database_unchecked
+from registry_coordinator.store import timeline
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.migrations import check_server, known, pending
 
@@ -67,6 +71,10 @@ class Findings:
     def unreachable(self, what: str, repair: str) -> None:
         self.unavailable += 1
         self._say(f"FAIL  {what}: {repair}")
+
+    def warn(self, what: str, advice: str) -> None:
+        """Something a start does not need but an operator must know: not a failure."""
+        self._say(f"WARN  {what}: {advice}")
 
     def _say(self, line: str) -> None:
         self.lines.append(line)
@@ -154,7 +162,8 @@ def database_repair(exc: CoordinatorError) -> str:
 async def _database(database: DatabaseConfig, found: Findings) -> None:
     try:
         async with open_database_unchecked(database, "coordinator/doctor", size=1) as db:
-            await _schema(db, found)
+            if await _schema(db, found):
+                await _timeline(db, database, found)
     except CoordinatorError as exc:
         say = found.unreachable if exc.exit_code == ExitCode.UNAVAILABLE else found.refuse
         say(f"database: {exc.line()}", database_repair(exc))
@@ -189,21 +198,67 @@ def add_unreachable(reading: ConfigReading) -> None:
         )
 
 
-async def _schema(db: Database, found: Findings) -> None:
+async def _schema(db: Database, found: Findings) -> bool:
+    """Whether the database has this build's schema, said."""
     try:
         version = await check_server(db)
         found.ok(f"database: PostgreSQL {version}")
         missing = await pending(db)
     except CoordinatorError as exc:
         found.refuse(f"database: {exc}", "see docs/operations.md, 'The database schema'")
-        return
+        return False
     if missing:
         found.refuse(
             f"schema: at version {missing[0].version - 1}, this build needs {known()[-1].version}",
             "run coordinator migrate --config FILE",
         )
+        return False
+    found.ok(f"schema: version {known()[-1].version}, this build's")
+    return True
+
+
+async def _timeline(db: Database, database: DatabaseConfig, found: Findings) -> None:
+    """The high-water mark held against the database, as ``serve`` will hold it (without
+    writing either), and a restored database's recovery still open."""
+    path = database.high_water
+    line = await timeline.timeline(db)
+    if path is None:
+        if database.embedded is None:
+            found.warn(
+                "database.highWaterMark is not set",
+                "a database restored from a backup cannot be recognised, and runs it forgot "
+                "the progress of would send again; set it to a file off the database's disks",
+            )
     else:
-        found.ok(f"schema: version {known()[-1].version}, this build's")
+        try:
+            mark = await trio.to_thread.run_sync(read_mark, path)
+        except MarkUnusable as exc:
+            found.refuse(f"high-water mark: {exc}", "see docs/operations.md, 'Restoring a backup'")
+            return
+        if mark is None:
+            found.ok(f"high-water mark: none yet at {path}; serve makes it at epoch {line.epoch}")
+        elif mark.installation != line.installation:
+            found.refuse(
+                f"high-water mark {path} belongs to database {mark.installation}, and this "
+                f"database is {line.installation}",
+                "point database.highWaterMark at this database's own mark",
+            )
+        elif mark.epoch > line.epoch:
+            found.warn(
+                f"the database was restored from a backup: its timeline is at {line.epoch}, "
+                f"the high-water mark {path} at {mark.epoch}",
+                "serve will hold its unfinished runs restored-review and serve operators only "
+                "(docs/operations.md, 'Restoring a backup')",
+            )
+        else:
+            found.ok(f"high-water mark {path}: epoch {mark.epoch}, the database's {line.epoch}")
+    restore = await timeline.open_restore(db)
+    if restore is not None:
+        found.warn(
+            f"recovery {restore.number} is open since {restore.detected_at.isoformat()}: "
+            f"{restore.still_held} of {restore.held} runs still held restored-review",
+            "serve serves operators only until coordinator recovery end --reason ...",
+        )
 
 
 async def _products(

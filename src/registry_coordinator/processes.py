@@ -116,13 +116,20 @@ class Supervisor:
     child ``k`` also on its own port ``process_ports + k``: its own ``/metrics`` and
     ``/ready``, which the shared port, answered by whichever child accepts, cannot give)."""
 
-    def __init__(self, config: Config, processes: int, process_ports: int | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        processes: int,
+        process_ports: int | None,
+        recovery_only: bool = False,
+    ) -> None:
         if config.database.embedded is not None:
             raise Unsupervisable(
                 f"--processes {processes} needs database.dsn: the embedded PostgreSQL of "
                 f"{config.file} is for one process (the demo, the tests)"
             )
         self.config = config
+        self.recovery_only = recovery_only
         self.children = [_Child(k) for k in range(processes)]
         where = f"listen.host, listen.port in {config.file}"
         repair = "give listen.port another port"
@@ -255,6 +262,8 @@ class Supervisor:
         command += ["--listen-fd", str(self.listening.fileno()), "--supervisor-fd", str(self.pipe)]
         if self.process_sockets:
             command += ["--process-fd", str(self.process_sockets[child.index].fileno())]
+        if self.recovery_only:
+            command.append("--recovery-only")
         return command
 
     def _fds(self, child: _Child) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ from registry_coordinator import store
 from registry_coordinator.audit.checkpointer import Checkpointer
 from registry_coordinator.audit.retention import Archiver
 from registry_coordinator.config import Config, DatabaseConfig
-from registry_coordinator.engine import feeds
+from registry_coordinator.engine import feeds, high_water
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import Product, open_products
 from registry_coordinator.engine.listener import Listener
@@ -59,6 +59,7 @@ from registry_coordinator.observability import tracing
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.observability.systemd import Notifier
 from registry_coordinator.store import faults
+from registry_coordinator.store import timeline as store_timeline
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.embedded import EmbeddedPostgres
 from registry_coordinator.store.migrations import check_server, migrate, require_current
@@ -138,10 +139,13 @@ async def serve(
     seat: Seat | None = None,
     *,
     spans: SpanExporter | None = None,
+    recovery_only: bool = False,
 ) -> None:
     """The service in ``seat`` (alone unless given), until SIGTERM or SIGINT (or, as a
     supervisor's process, until the supervisor is gone); ``spans`` takes its spans instead
-    of the configured exporter (the tests' in-memory one), if tracing is on."""
+    of the configured exporter (the tests' in-memory one), if tracing is on. With
+    ``recovery_only``, or while a restored database's recovery is open, it serves
+    operators only: nothing is dispatched, no run is admitted."""
     seat = seat or Seat.alone(config)
     holder = store.Holder(seat.holder)
     async with (
@@ -149,13 +153,29 @@ async def serve(
         open_database(config, holder.session) as db,
     ):
         await workflows.store(db)
+        restore = await high_water.judge(db, config.database.high_water, holder.name)
+        recovery = _recovery(restore, recovery_only)
         taken = await store.take_over(db, holder)
         if taken:
             log.info("took over %d claims left by the previous process on %s", taken, holder.name)
         metrics = Metrics()
         async with open_products(config.connections, metrics) as (products, client):
-            await _supervise(config, workflows, db, seat, products, client, metrics)
+            await _supervise(config, workflows, db, seat, products, client, metrics, recovery)
     log.info("stopped")
+
+
+def _recovery(restore: store_timeline.Restore | None, recovery_only: bool) -> str | None:
+    """Why this process serves operators only, or None if it serves everyone."""
+    if restore is not None:
+        return (
+            f"the database was restored from a backup (recognised at "
+            f"{restore.detected_at.isoformat()}): {restore.still_held} of {restore.held} runs "
+            "held restored-review are still to be reviewed; end the recovery with "
+            "coordinator recovery end --reason ..., then restart"
+        )
+    if recovery_only:
+        return "started with --recovery-only: restart without it to dispatch and admit"
+    return None
 
 
 async def _supervise(
@@ -166,9 +186,11 @@ async def _supervise(
     products: dict[str, Product],
     client: httpx.AsyncClient,
     metrics: Metrics,
+    recovery: str | None,
 ) -> None:
-    """The nursery: timer, listener, call pools, engine workers, lease keeper,
-    checkpointer, archiver, HTTP."""
+    """The nursery: timer, listener, call pools, engine workers, lease keeper, the
+    high-water mark, checkpointer, archiver, HTTP — without the timer, the engine, the
+    mark and the feeds while ``recovery`` says why this process serves operators only."""
     owner = seat.holder
     audit = config.audit
     checkpointer = Checkpointer(db, audit.signing_key, audit.checkpoint_every, metrics)
@@ -178,13 +200,15 @@ async def _supervise(
     sleepers = Sleepers(db, workflows, owner, config.engine.lease, after)
     timer = Timer(db, config.engine.sweep_interval, sleepers)
     holdings = store.Holdings()
+    mark = high_water.HighWater(db, config.database.high_water)
     engine = Engine(
-        db, workflows, timer, products, config.engine, after.telling(timer), holdings, owner
+        db, workflows, timer, products, config.engine, after.telling(timer), holdings, owner, mark
     )
     listener = Listener(db, timer)
     auth = Authenticator(config.auth, client)
     issuer = Issuer(config.auth, config.console, client)
-    context = Context(db, workflows, timer, products, listener, auth, after, issuer)
+    context = Context(db, workflows, timer, products, listener, auth, after, issuer, mark)
+    context.recovery = recovery
     app = create_app(context, config.request_body_limit)
     systemd = Notifier()
     systemd.status("starting")
@@ -195,13 +219,17 @@ async def _supervise(
     http.graceful_timeout = config.engine.shutdown_grace.total_seconds()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(timer.run)
             await nursery.start(listener.run)
-            await nursery.start(engine.calls.run)
-            await nursery.start(engine.keep_leases)
-            await nursery.start(engine.run)
-            for follower in feeds.followers(db, products, timer):
-                await nursery.start(follower.run)
+            if recovery is None:
+                await nursery.start(timer.run)
+                await nursery.start(mark.run)
+                await nursery.start(engine.calls.run)
+                await nursery.start(engine.keep_leases)
+                await nursery.start(engine.run)
+                for follower in feeds.followers(db, products, timer):
+                    await nursery.start(follower.run)
+            else:
+                log.warning("serving operators only: %s", recovery)
             await nursery.start(checkpointer.run)
             await nursery.start(Archiver(db, config.retention, checkpointer, metrics).run)
             await nursery.start(auth.run)  # the key set is read once before callers are served
@@ -220,7 +248,11 @@ async def _supervise(
             systemd.send(
                 "READY=1",
                 f"STATUS=ready: {' '.join(bound)}, "
-                f"{config.engine.workers} workers, {len(workflows.pinned)} workflows",
+                + (
+                    f"{config.engine.workers} workers, {len(workflows.pinned)} workflows"
+                    if recovery is None
+                    else "operators only (recovery)"
+                ),
             )
             stop = trio.Event()
             nursery.start_soon(_until_signalled, signals, stop)
@@ -231,11 +263,12 @@ async def _supervise(
             systemd.send("STOPPING=1", "STATUS=stopping: finishing calls in flight")
             # Stop claiming; workers finish the step they are on. Calls in flight get
             # the grace period, then are cancelled and recorded as uncertain.
-            engine.stop()
-            grace = config.engine.shutdown_grace
-            with trio.move_on_after(grace.total_seconds()):
-                await engine.stopped.wait()
-            await engine.calls.drain(grace)
+            if recovery is None:
+                engine.stop()
+                grace = config.engine.shutdown_grace
+                with trio.move_on_after(grace.total_seconds()):
+                    await engine.stopped.wait()
+                await engine.calls.drain(grace)
             nursery.cancel_scope.cancel()
     systemd.close()
 

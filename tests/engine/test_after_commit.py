@@ -33,6 +33,7 @@ from registry_coordinator.devtools.standins import Tokens
 from registry_coordinator.devtools.standins.messaging import Messaging
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import open_products
+from registry_coordinator.engine.high_water import HighWater
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.worker import Engine
@@ -145,6 +146,7 @@ async def engine(
         after,
         store.Holdings(),
         "holder:1",
+        HighWater(db, None),
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(built.calls.run)

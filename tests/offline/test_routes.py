@@ -21,6 +21,7 @@ from quart.typing import TestClientProtocol as Client
 
 from registry_coordinator.config import AuthConfig, ConsoleConfig
 from registry_coordinator.engine.after_commit import AfterCommit
+from registry_coordinator.engine.high_water import HighWater
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
@@ -51,7 +52,15 @@ async def client() -> AsyncIterator[Client]:
         issuer = Issuer(NO_AUTH, NO_CONSOLE, http)
         auth = Authenticator(NO_AUTH, http)
         context = api.Context(
-            db, Workflows([]), timer, {}, Listener(db, timer), auth, after, issuer
+            db,
+            Workflows([]),
+            timer,
+            {},
+            Listener(db, timer),
+            auth,
+            after,
+            issuer,
+            HighWater(db, None),
         )
         yield api.create_app(context, 1 << 20).test_client()
 

@@ -12,7 +12,9 @@ events from before the upgrade by the migration and those after by the trigger.
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -81,6 +83,12 @@ REVERSALS: dict[int, str] = {
         ALTER TABLE executions DROP COLUMN prepared;
         ALTER TABLE executions DROP COLUMN headers;
         DELETE FROM coordinator_migrations WHERE version = 12;
+    """,
+    # The timeline a restored database is recognised by, and its restores.
+    13: """
+        DROP TABLE restores;
+        DROP TABLE timeline;
+        DELETE FROM coordinator_migrations WHERE version = 13;
     """,
 }
 
@@ -259,6 +267,8 @@ def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
     current = catalog(dsn)
 
     take_back_to_previous(dsn)
+    # The previous build kept no high-water mark: the one this build made goes with it.
+    Path(json.loads(service.config.read_text())["database"]["highWaterMark"]).unlink()
     previous = cluster.create_database()
     migrated_only_to(previous, PREVIOUS)
     assert catalog(dsn) == catalog(previous) != current

@@ -20,6 +20,7 @@ from registry_coordinator.devtools.standins import Tokens
 from registry_coordinator.devtools.standins.breg import BReg
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import Calls, Proceed, open_products
+from registry_coordinator.engine.high_water import HighWater
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
@@ -77,7 +78,10 @@ async def call_pool(
         timer = Timer(
             db, timedelta(seconds=60), Sleepers(db, Workflows([]), "holder:1", lease, after)
         )
-        calls = Calls(db, products, timer, lease, after.telling(timer), store.Holdings(), proceed)
+        told = after.telling(timer)
+        calls = Calls(
+            db, products, timer, lease, told, store.Holdings(), proceed, HighWater(db, None)
+        )
         await pools.start(calls.run)
         with fail_after(HANG):
             yield calls

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.artifact import write as write_artifact
@@ -80,8 +81,11 @@ def write_config(
     for name in workflows:
         artifact, digest = package(name, directory / "artifacts")
         pins.append({"artifact": str(artifact), "digest": digest})
+    # The high-water mark of this database (a test may start services on two): every
+    # service the tests start keeps one, as a production service should.
+    mark = directory / f"high-water-{conninfo_to_dict(dsn).get('dbname', 'coordinator')}.json"
     config = {
-        "database": {"dsn": dsn, "poolSize": workers + 3},
+        "database": {"dsn": dsn, "poolSize": workers + 3, "highWaterMark": str(mark)},
         "listen": {"host": "127.0.0.1", "port": port or free_port()},
         "workflows": pins,
         "engine": {

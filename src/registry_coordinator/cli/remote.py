@@ -63,6 +63,12 @@ def add_commands(commands: Commands) -> None:
         action = actions.add_parser(name, parents=[common], help=what)
         action.add_argument("run")
         action.add_argument("--reason", required=True)
+        if name == "retry-same":
+            action.add_argument(
+                "--attestation",
+                metavar="TEXT",
+                help="what you found at the product: needed to release a run held restored-review",
+            )
 
     admission = commands.add_parser("admission", help="hold or release new starts")
     changes = admission.add_subparsers(dest="action", required=True, parser_class=type(admission))

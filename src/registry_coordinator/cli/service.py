@@ -42,6 +42,12 @@ def add_commands(commands: Commands) -> None:
         help="with --processes: also serve process k (from 0) alone on port FIRST+k of "
         "listen.host, its own /metrics and /ready, for scraping each process",
     )
+    serve.add_argument(
+        "--recovery-only",
+        action="store_true",
+        help="serve operators only: the API's reads and actions and the console; nothing "
+        "is dispatched and no run is admitted (after restoring a backup)",
+    )
     # How a supervisor starts its processes (processes.Supervisor); not for people.
     serve.add_argument("--child", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
@@ -56,9 +62,21 @@ def add_commands(commands: Commands) -> None:
     )
     doctor.add_argument("--config", type=Path, required=True, metavar="FILE")
 
+    recovery = commands.add_parser(
+        "recovery", help="a restored database's recovery: what it holds, and ending it"
+    )
+    steps = recovery.add_subparsers(dest="action", required=True, parser_class=type(recovery))
+    show = steps.add_parser("status", help="the open recovery and the runs it still holds")
+    show.add_argument("--config", type=Path, required=True, metavar="FILE")
+    end = steps.add_parser(
+        "end", help="end the open recovery once its runs are reviewed: serve dispatches again"
+    )
+    end.add_argument("--config", type=Path, required=True, metavar="FILE")
+    end.add_argument("--reason", required=True)
+
 
 def handlers() -> dict[str, Handler]:
-    return {"serve": _serve, "migrate": _migrate, "doctor": _doctor}
+    return {"serve": _serve, "migrate": _migrate, "doctor": _doctor, "recovery": _recovery}
 
 
 def run_service(main: Callable[[], Awaitable[None]]) -> int:
@@ -111,11 +129,12 @@ def _serve(args: argparse.Namespace) -> int:
     assert config is not None
     if args.child is not None:  # a supervisor's process: the supervisor checked the rest
         seat = Seat.child(args.child, args.listen_fd, args.supervisor_fd, args.process_fd)
-        return run_service(lambda: serve(config, workflows, seat))
+        return run_service(lambda: serve(config, workflows, seat, recovery_only=args.recovery_only))
     if args.processes > 1:
         from registry_coordinator.processes import Supervisor
 
-        return run_service(Supervisor(config, args.processes, args.process_ports).run)
+        supervisor = Supervisor(config, args.processes, args.process_ports, args.recovery_only)
+        return run_service(supervisor.run)
     if args.process_ports is not None:
         print(
             "coordinator serve: --process-ports is for --processes 2 or more: one process "
@@ -125,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     where = f"listen.host, listen.port in {config.file}"
     require_free(config.host, config.port, where, "give listen.port another port")
-    return run_service(lambda: serve(config, workflows))
+    return run_service(lambda: serve(config, workflows, recovery_only=args.recovery_only))
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -150,5 +169,40 @@ def _migrate(args: argparse.Namespace) -> int:
                 print(f"applied {migration.version:04d} {migration.name}")
             if not applied:
                 print("the schema is current")
+
+    return run_service(run)
+
+
+def _recovery(args: argparse.Namespace) -> int:
+    """``recovery status`` and ``recovery end``: on the database directly, as ``migrate``,
+    by whoever may run the service's commands on its host (recorded by login name)."""
+    import getpass
+
+    from registry_coordinator.config import load_config
+    from registry_coordinator.service import open_database
+    from registry_coordinator.store import timeline
+
+    if args.action == "end" and not args.reason.strip():
+        print("coordinator recovery end: give a reason: --reason TEXT", file=sys.stderr)
+        return ExitCode.USAGE
+    config = load_config(args.config)
+    actor = f"local:{getpass.getuser()}"
+
+    async def run() -> None:
+        async with open_database(config, "registry-coordinator/recovery", 2) as db:
+            restore = await timeline.open_restore(db)
+            if restore is None:
+                print("no recovery is open: the database was not recognised as restored")
+                return
+            newest = restore.newest_change.isoformat() if restore.newest_change else "never"
+            print(
+                f"recovery {restore.number}: recognised {restore.detected_at.isoformat()}; "
+                f"the database's timeline was at {restore.database_epoch}, the mark at "
+                f"{restore.mark_epoch}; its newest change was from {newest}; "
+                f"{restore.still_held} of {restore.held} runs still held restored-review"
+            )
+            if args.action == "end":
+                await timeline.end_restore(db, actor, args.reason.strip())
+                print(f"ended by {actor}: restart the service to dispatch and admit again")
 
     return run_service(run)

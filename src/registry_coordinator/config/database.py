@@ -1,5 +1,6 @@
 """The ``database`` section, read by the store: a connection string by reference, or the
-embedded cluster's data directory, and the pool's size.
+embedded cluster's data directory, the pool's size, and the high-water mark's file, which
+lets a database restored from a backup be recognised (``engine.high_water``).
 
 Reading it never connects (``coordinator token --config`` reads the file too): a connection
 string is judged by psycopg's own parser of libpq's syntax, without the event loop's
@@ -53,6 +54,9 @@ class DatabaseConfig:
     dsn: str | None  # resolved; None in embedded mode
     embedded: Path | None  # the embedded cluster's data directory
     pool_size: int
+    #: The high-water mark outside the database (``engine.high_water``); None: a restored
+    #: database cannot be recognised, which ``doctor`` warns of.
+    high_water: Path | None = None
 
 
 def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | None:
@@ -60,8 +64,10 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
     data = reader.mapping(value, path, "database")
     if data is None:
         return None
-    reader.fields(data, path, "database", [], ["dsn", "embedded", "poolSize"])
+    reader.fields(data, path, "database", [], ["dsn", "embedded", "poolSize", "highWaterMark"])
     pool_size = read_integer(reader, data, "poolSize", path, 10, 2, 200)
+    mark = reader.string(data, "highWaterMark", path, "database")
+    high_water = (base / mark).resolve() if mark else None
     if ("dsn" in data) == ("embedded" in data):
         reader.report(
             "config.invalid-value",
@@ -74,7 +80,8 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
         embedded = reader.mapping(data["embedded"], (*path, "embedded"), "embedded") or {}
         reader.fields(embedded, (*path, "embedded"), "embedded", ["dataDirectory"])
         directory = reader.string(embedded, "dataDirectory", (*path, "embedded"), "embedded")
-        return DatabaseConfig(None, (base / directory).resolve() if directory else None, pool_size)
+        data_directory = (base / directory).resolve() if directory else None
+        return DatabaseConfig(None, data_directory, pool_size, high_water)
     dsn = reader.string(data, "dsn", path, "database")
     if dsn is None:
         return None
@@ -95,7 +102,7 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
                 (*path, "dsn"),
             )
             return None
-        return DatabaseConfig(dsn, None, pool_size)
+        return DatabaseConfig(dsn, None, pool_size, high_water)
     try:
         resolved = resolve_secret(dsn)
     except ValueError as exc:
@@ -113,7 +120,7 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
     if wrong:  # said without the value, which may hold a password
         _malformed(reader, f"the dsn {dsn} names: {wrong}", path)
         return None
-    return DatabaseConfig(resolved, None, pool_size)
+    return DatabaseConfig(resolved, None, pool_size, high_water)
 
 
 def _malformed(reader: Reader, message: str, path: DataPath) -> None:

@@ -9,12 +9,14 @@ through these steps, and the order is what makes it safe to crash anywhere:
 1. with a pool slot, the service identity's token is had (a token endpoint that is
    down or slow holds up nothing that was sent);
 2. the request is sealed and marked dispatched in PostgreSQL;
-3. it is sent;
-4. the outcome is recorded in the same transaction that moves the run on, with the
+3. the high-water mark outside the database is raised past that sealing
+   (``engine.high_water``), so a database restored from an older backup is recognised;
+4. it is sent;
+5. the outcome is recorded in the same transaction that moves the run on, with the
    history event that says what became of the request (answered, not sent, or lost:
    ``statements.CALL_OUTCOMES``), after the ``call-dispatched`` of step 2.
 
-A crash between 2 and 4 leaves a dispatched call without an outcome, which the
+A crash between 2 and 5 leaves a dispatched call without an outcome, which the
 next holder of the run treats as unknown: a read is sent again, a mutation is
 held for an operator. Nothing is ever resent on a guess. A shutdown knows more:
 a request that had not begun to leave (no byte of it was written) is recorded as
@@ -55,6 +57,7 @@ from registry_coordinator.config import ConnectionConfig
 from registry_coordinator.engine import destinations
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.backoff import ANSWER_RECORDING
+from registry_coordinator.engine.high_water import HighWater
 from registry_coordinator.engine.identity import (
     Credentials,
     Grant,
@@ -445,6 +448,9 @@ class Calls:
     after: AfterCommit  # what follows each commit a call task makes
     holdings: store.Holdings
     proceed: Proceed
+    #: What a sealed request waits for before it leaves: the mark outside the database
+    #: raised past its sealing (none to wait for without a mark configured).
+    high_water: HighWater
 
     def __post_init__(self) -> None:
         self.metrics = self.after.metrics
@@ -561,7 +567,8 @@ class Calls:
                         with trio.CancelScope(shield=True):  # know whether it was sealed
                             run = await self._dispatch_persistently(run, request, url, prepared)
                         dispatched = True
-                        await trio.lowlevel.checkpoint_if_cancelled()
+                        # Not sent before a restored backup could forget it was sealed.
+                        await self.high_water.passed()
                         reply = await self._send(
                             definition, run, product, request, url, authorization, sending
                         )

@@ -34,6 +34,7 @@ from registry_coordinator.config import EngineConfig
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.calls import Calls, Product
+from registry_coordinator.engine.high_water import HighWater
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.observability import tracing
@@ -71,11 +72,14 @@ class Engine:
         after: AfterCommit,
         holdings: store.Holdings,
         owner: str,
+        high_water: HighWater,
     ) -> None:
         self.db = db
         self.workflows = workflows
         self.timer = timer
-        self.calls = Calls(db, products, timer, config.lease, after, holdings, self.advance)
+        self.calls = Calls(
+            db, products, timer, config.lease, after, holdings, self.advance, high_water
+        )
         self.config = config
         self.after = after
         self.metrics = after.metrics

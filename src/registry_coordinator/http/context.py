@@ -13,6 +13,7 @@ import trio
 
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import Product
+from registry_coordinator.engine.high_water import HighWater
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
@@ -34,7 +35,10 @@ class Context:
     auth: Authenticator
     after: AfterCommit  # told of what the handlers commit: an operator's cancel
     issuer: Issuer  # where the console's people sign in
+    high_water: HighWater  # whose failures /ready reports
     stopping: trio.Event = field(default_factory=trio.Event)  # set when shutdown begins
+    #: Why this process serves operators only (no run admitted, nothing dispatched), or None.
+    recovery: str | None = None
 
     @property
     def metrics(self) -> Metrics:

@@ -29,7 +29,7 @@ from registry_coordinator.engine.calls import Product
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.semantics.codes import TERMINAL, RunState
+from registry_coordinator.semantics.codes import TERMINAL, HoldCode, RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Request, detail
 from registry_coordinator.store import operator_actions
 from registry_coordinator.store.database import Database
@@ -47,6 +47,30 @@ def require_reason(body: JSON) -> str:
             f'give a reason: {{"reason": "..."}}, 1 to {MAX_REASON} characters',
         )
     return reason.strip()
+
+
+@dataclass(frozen=True)
+class Said:
+    """What an operator gave with an action: the reason every action needs, and what they
+    attest they checked at the product, which a release after a restore needs."""
+
+    reason: str
+    attestation: str | None = None
+
+    @classmethod
+    def of(cls, body: JSON) -> Said:
+        """The reason and attestation of an action's request body, refused if unusable."""
+        reason = require_reason(body)
+        attestation = body.get("attestation") if isinstance(body, dict) else None
+        if attestation is None or (isinstance(attestation, str) and not attestation.strip()):
+            return cls(reason)
+        if not isinstance(attestation, str) or len(attestation) > MAX_REASON:
+            raise Problem(
+                400,
+                "request.attestation-missing",
+                f'an attestation is text: {{"attestation": "..."}}, 1 to {MAX_REASON} characters',
+            )
+        return cls(reason, attestation.strip())
 
 
 @asynccontextmanager
@@ -80,13 +104,27 @@ async def cancel(db: Database, run_id: uuid.UUID, actor: str, reason: str) -> bo
         return True
 
 
-async def retry_same(
-    db: Database, timer: Timer, run_id: uuid.UUID, actor: str, reason: str
-) -> None:
+async def retry_same(db: Database, timer: Timer, run_id: uuid.UUID, actor: str, said: Said) -> None:
     """Make a held run take its step again: a call resends its sealed request, byte for
-    byte, with its original key (or, if it never sealed one, sends it for the first time)."""
+    byte, with its original key (or, if it never sealed one, sends it for the first time).
+    A run held after a restore goes on only with the operator's attestation of what they
+    found at the product, recorded with the reason: the database cannot say what it did."""
     async with _held(db, run_id) as locked:
-        await locked.resume(actor, {"reason": reason, "held": locked.run.hold_code})
+        held = locked.run.hold_code
+        event: dict[str, JSON] = {"reason": said.reason, "held": held}
+        if held == HoldCode.RESTORED_REVIEW:
+            if said.attestation is None:
+                raise Problem(
+                    400,
+                    "request.attestation-missing",
+                    "the run was held after the database was restored from a backup, which "
+                    "may not know what it did since: check the product for its effects and "
+                    'say what you found: {"reason": "...", "attestation": "..."}',
+                )
+            event["attestation"] = said.attestation
+        elif said.attestation is not None:
+            event["attestation"] = said.attestation
+        await locked.resume(actor, event)
     timer.runnable()
 
 

@@ -60,6 +60,12 @@ async def readiness(context: Context) -> dict[str, JSON]:
             "ok": bool(context.workflows.pinned),
             "pinned": len(context.workflows.pinned),
         },
+        "recovery": {"ok": context.recovery is None, "detail": context.recovery},
+        "highWaterMark": {
+            "ok": context.high_water.failing is None,
+            "detail": context.high_water.failing
+            or ("kept" if context.high_water.path else "not configured"),
+        },
     }
 
 

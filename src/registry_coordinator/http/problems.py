@@ -27,6 +27,8 @@ CODES: dict[str, str] = {
     "request.invalid-filter": "a run listing filter or limit that is not allowed",
     "request.invalid-cursor": "a page cursor this API did not return",
     "request.reason-missing": "an action without a reason",
+    "request.attestation-missing": "a release after a restore without what the operator "
+    "found at the product, or an attestation that is not text",
     "route.not-found": "no such route",
     "route.method-not-allowed": "the route does not take this method",
     "auth.missing-token": "no bearer token",
@@ -68,6 +70,8 @@ CODES: dict[str, str] = {
     "console.forged-request": "a console form without its CSRF token, or from another origin",
     "service.unavailable": "the database cannot be reached; try again after Retry-After",
     "service.stopping": "the service is shutting down; try again after Retry-After",
+    "service.recovery-only": "the service serves operators only, in a restored database's "
+    "recovery; try again once it has ended",
     "service.internal-error": "the service failed to answer: a defect, logged with its cause",
 }
 

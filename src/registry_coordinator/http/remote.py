@@ -120,7 +120,10 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
         return "GET", f"/v1/runs/{args.run}", None, {}, {}
     if action == "history":
         return "GET", f"/v1/runs/{args.run}/history", None, {}, {}
-    return "POST", f"/v1/runs/{args.run}/{action}", {"reason": args.reason}, {}, {}
+    said: dict[str, JSON] = {"reason": args.reason}
+    if getattr(args, "attestation", None):
+        said["attestation"] = args.attestation
+    return "POST", f"/v1/runs/{args.run}/{action}", said, {}, {}
 
 
 def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> str:

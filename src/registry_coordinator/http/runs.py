@@ -22,6 +22,7 @@ from registry_coordinator.http import admission, operations
 from registry_coordinator.http.archive import archived_status, gone
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
+from registry_coordinator.http.operations import Said
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import (
     RETRY_AFTER,
@@ -114,7 +115,9 @@ async def _current(context: Context, run_id: uuid.UUID) -> store.RunStatus:
 
 def _refuse_if_stopping(context: Context) -> None:
     """A process that is shutting down admits none: a run it admitted now would wait for
-    a restart."""
+    a restart. Nor does one that serves operators only, in a restored database's recovery."""
+    if context.recovery is not None:
+        raise Problem(503, "service.recovery-only", f"no run is admitted now: {context.recovery}")
     if context.stopping.is_set():
         raise Problem(
             503,
@@ -274,26 +277,26 @@ class Action:
 
     permission: str
     operator: bool
-    #: What it does, with (context, run, actor, reason): the status of its outcome.
-    take: Callable[[Context, store.RunStatus, str, str], Awaitable[int]]
+    #: What it does, with (context, run, actor, what was said): the status of its outcome.
+    take: Callable[[Context, store.RunStatus, str, Said], Awaitable[int]]
 
 
-async def _cancel(context: Context, run: store.RunStatus, actor: str, reason: str) -> int:
+async def _cancel(context: Context, run: store.RunStatus, actor: str, said: Said) -> int:
     """Cancel the run (200), or, with a call in flight, once that call settles (202)."""
-    if not await operations.cancel(context.db, run.id, actor, reason):
+    if not await operations.cancel(context.db, run.id, actor, said.reason):
         return 202
     context.after.cancelled(run.workflow_id)
     return 200
 
 
-async def _retry_same(context: Context, run: store.RunStatus, actor: str, reason: str) -> int:
-    await operations.retry_same(context.db, context.timer, run.id, actor, reason)
+async def _retry_same(context: Context, run: store.RunStatus, actor: str, said: Said) -> int:
+    await operations.retry_same(context.db, context.timer, run.id, actor, said)
     return 200
 
 
-async def _reconcile(context: Context, run: store.RunStatus, actor: str, reason: str) -> int:
+async def _reconcile(context: Context, run: store.RunStatus, actor: str, said: Said) -> int:
     await operations.reconcile(
-        context.db, context.workflows, context.products, context.timer, run.id, actor, reason
+        context.db, context.workflows, context.products, context.timer, run.id, actor, said.reason
     )
     return 200
 
@@ -324,8 +327,8 @@ async def act(
     if action.operator:
         who.require_operator()
     run = await visible_run(context, who, run_id, action.permission)
-    reason = operations.require_reason(await body())
-    status = await action.take(context, run, who.actor, reason)
+    said = operations.Said.of(await body())
+    status = await action.take(context, run, who.actor, said)
     return await _current(context, run.id), status
 
 

@@ -118,3 +118,8 @@ class HoldCode(StrEnum):
     the same unexpected error several times in a row, or a statement the database
     refused while recording an answer. Report it; after a fix, ``retry-same`` takes
     the step again (a call resends its sealed request with its key)."""
+    RESTORED_REVIEW = "restored-review"
+    """The database was restored from a backup that may not know what the run did since
+    (a request sent, an answer had): recognised at startup against the high-water mark
+    kept outside the database. Check the product for the run's effects, then
+    ``retry-same`` with an attestation of what was found, ``reconcile``, or ``cancel``."""

@@ -34,6 +34,7 @@ POINTS = (
     "mid-transition",
     "after-commit",
     "mid-wake",
+    "mid-mark",
     "archive-written",
     "archive-recorded",
     "archive-committed",

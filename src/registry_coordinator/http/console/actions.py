@@ -27,16 +27,17 @@ from registry_coordinator.http.console.visitors import Visitor, checked_form, vi
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.semantics.codes import HoldCode
 from registry_coordinator.store import console_reads
 
 _ADMISSION = {"hold": True, "release": False}
 
 
-def _body(reason: str) -> Callable[[], Awaitable[JSON]]:
-    """The form's reason as the request body the API's actions read it from."""
+def _body(reason: str, attestation: str = "") -> Callable[[], Awaitable[JSON]]:
+    """The form's reason (and attestation) as the request body the API's actions read."""
 
     async def body() -> JSON:
-        return {"reason": reason}
+        return {"reason": reason, "attestation": attestation}
 
     return body
 
@@ -74,6 +75,7 @@ async def _form(
     stage: str,
     reason: str = "",
     refused: Problem | None = None,
+    attestation: str = "",
 ) -> Response:
     words = _known(action)
     run, sent = await _subject(context, who, run_id, action)
@@ -98,6 +100,8 @@ async def _form(
         sent=sent,
         stage=stage,
         reason=reason,
+        attestation=attestation,
+        restored=run.hold_code == HoldCode.RESTORED_REVIEW,
         refused=refused,
         evidence=found,
         seq=run.seq,
@@ -123,21 +127,24 @@ async def review(context: Context, run_id: str, action: str) -> Response:
     who = await visitor(context)
     form = await checked_form(context, who)
     _known(action)
-    return await _form(context, who, run_id, action, *_reason(form))
+    stage, reason, refused = _reason(form)
+    attestation = form.get("attestation", "")
+    return await _form(context, who, run_id, action, stage, reason, refused, attestation)
 
 
 async def take(context: Context, run_id: str, action: str) -> Response:
     who = await visitor(context)
     form = await checked_form(context, who)
     _known(action)
-    reason = form.get("reason", "")
+    reason, attestation = form.get("reason", ""), form.get("attestation", "")
     try:
         await _unchanged(context, who, run_id, action, form.get("seq"))
-        run, status = await runs.act(context, who.caller, run_id, action, _body(reason))
+        said = _body(reason, attestation)
+        run, status = await runs.act(context, who.caller, run_id, action, said)
     except Problem as refused:
         if refused.status in (401, 403, 404):
             raise
-        return await _form(context, who, run_id, action, "ask", reason, refused)
+        return await _form(context, who, run_id, action, "ask", reason, refused, attestation)
     query = urlencode({"done": action if status == 200 else f"{action}-pending"})
     return redirect(f"/console/runs/{run.id}?{query}")
 
@@ -170,6 +177,7 @@ async def _admission_form(
     stage: str,
     reason: str = "",
     refused: Problem | None = None,
+    attestation: str = "",
 ) -> Response:
     who.caller.require_operator()
     return await page(

@@ -86,6 +86,14 @@ HOLDS: dict[HoldCode, Hold] = {
         "Report it. Once fixed, retrying takes the step again (a call resends its sealed "
         "request with its key); or cancel.",
     ),
+    HoldCode.RESTORED_REVIEW: Hold(
+        "The database was restored from a backup",
+        "The backup may not know what this run did after it was taken: a request it sent, "
+        "an answer it had. Coordinator will not guess.",
+        "Check the product for this run's effects since the backup. Retry with an "
+        "attestation of what you found (the step is taken again, a call resends its sealed "
+        "request with its key); reconcile on the product's receipt; or cancel.",
+    ),
 }
 
 

@@ -1024,3 +1024,94 @@ LEFT JOIN LATERAL (
 WHERE a.id > %(after)s
 ORDER BY a.id
 LIMIT %(limit)s;
+
+-- name: timeline
+-- The database's installation and how far its timeline has come.
+SELECT installation, epoch FROM timeline;
+
+-- name: advance_timeline
+-- Move the timeline on, before requests sealed until now are sent (engine/high_water.py).
+UPDATE timeline SET epoch = epoch + 1 RETURNING installation, epoch;
+
+-- name: lock_timeline
+-- The timeline, locked until the transaction ends: one process at a time judges a mark.
+SELECT installation, epoch FROM timeline FOR UPDATE;
+
+-- name: open_restore
+-- The recovery still open, if the database was recognised as restored and not reviewed.
+SELECT number, detected_at, database_epoch, mark_epoch, newest_change, held,
+       (SELECT count(*) FROM runs WHERE state = 'held' AND hold_code = 'restored-review')
+           AS still_held
+FROM restores WHERE ended_at IS NULL ORDER BY number DESC LIMIT 1;
+
+-- name: hold_restored
+-- Hold every run a restored database may have forgotten the progress of, for review.
+--
+-- A database restored from a backup has each run where the backup found it, and may have
+-- lost what the run did since: requests sent, answers recorded, steps taken. Every
+-- unfinished run is held (restored-review) but one asleep at a wait-until whose instant
+-- is still to come, which nothing can have moved. A run that had a call in flight has
+-- that sending settled as lost first (its history says so), so that an operator's
+-- retry-same resends it rather than finding it interrupted; a run already held keeps its
+-- earlier code in the hold's event. Claims are dropped: no process holds them any more.
+WITH judged AS (
+    SELECT id, dispatched_at IS NOT NULL AS dispatched,
+           CASE WHEN state = 'held' THEN hold_code END AS was_held
+    FROM runs
+    WHERE state IN ('running', 'waiting', 'held')
+      AND NOT (state = 'waiting' AND wakes_to IS NOT NULL AND timer_at > clock_timestamp())
+    FOR UPDATE
+), moved AS (
+    UPDATE runs r
+    SET state = 'held', hold_code = 'restored-review', detail = %(detail)s, due_at = NULL,
+        lease_owner = NULL, lease_token = NULL, dispatched_at = NULL, defects = 0,
+        checks = 0, seq = r.seq + 1 + j.dispatched::integer,
+        updated_at = greatest(clock_timestamp(), r.updated_at)
+    FROM judged j
+    WHERE r.id = j.id
+    RETURNING r.id, r.seq, r.step, r.attempt, r.updated_at AS at, j.dispatched, j.was_held
+), settled AS (
+    UPDATE executions e SET settled_at = m.at, outcome = 'lost'
+    FROM moved m
+    WHERE m.dispatched AND e.run_id = m.id AND e.step = m.step AND e.settled_at IS NULL
+), evented AS (
+    INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
+    SELECT m.id, m.seq - e.back, m.at, e.kind, m.step, %(actor)s, e.detail
+    FROM moved m, LATERAL (VALUES
+        (1, 'call-lost', jsonb_build_object(
+                'attempt', m.attempt,
+                'detail', 'the database was restored from a backup taken while it was in flight')),
+        (0, 'held', jsonb_build_object('code', 'restored-review', 'detail', %(detail)s::text)
+                    || CASE WHEN m.was_held IS NULL THEN '{}'::jsonb
+                            ELSE jsonb_build_object('wasHeld', m.was_held) END)
+    ) AS e (back, kind, detail)
+    WHERE e.kind = 'held' OR m.dispatched
+    ORDER BY m.id, e.back DESC  -- in seq order: each event is chained to the one before it
+)
+SELECT count(*) AS held FROM moved;
+
+-- name: record_restore
+-- Record a restored database as recognised, and bring its timeline up to the mark.
+--
+-- In the transaction that held its runs (hold_restored), under lock_timeline: the next
+-- advance goes past the mark, so the mark and the database agree again, and the recovery
+-- stays open until an operator ends it (end_restore).
+WITH restore AS (
+    INSERT INTO restores (detected_at, database_epoch, mark_epoch, newest_change, held)
+    SELECT clock_timestamp(), epoch, %(mark)s, %(newest)s, %(held)s FROM timeline
+    RETURNING number, detected_at, database_epoch, mark_epoch, newest_change, held
+)
+UPDATE timeline SET epoch = %(mark)s
+FROM restore
+RETURNING restore.number, restore.detected_at, restore.database_epoch, restore.mark_epoch,
+          restore.newest_change, restore.held, restore.held AS still_held;
+
+-- name: newest_change
+-- When the database's newest transition was committed: about when its backup was taken.
+SELECT max(updated_at) AS at FROM runs;
+
+-- name: end_restore
+-- An operator ends the open recovery, with who and why: the service may go on.
+UPDATE restores SET ended_at = clock_timestamp(), ended_by = %(actor)s, reason = %(reason)s
+WHERE ended_at IS NULL
+RETURNING number;
