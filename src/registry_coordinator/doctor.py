@@ -48,7 +48,7 @@ from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import KeySet
 from registry_coordinator.observability.tracing import OTLP_EXPORTER
 from registry_coordinator.service import open_database_unchecked
-from registry_coordinator.store import timeline
+from registry_coordinator.store import roles, timeline
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.migrations import check_server, known, pending
 
@@ -163,6 +163,8 @@ async def _database(database: DatabaseConfig, found: Findings) -> None:
     try:
         async with open_database_unchecked(database, "coordinator/doctor", size=1) as db:
             if await _schema(db, found):
+                if database.embedded is None:
+                    await _role(db, found)
                 await _timeline(db, database, found)
     except CoordinatorError as exc:
         say = found.unreachable if exc.exit_code == ExitCode.UNAVAILABLE else found.refuse
@@ -215,6 +217,31 @@ async def _schema(db: Database, found: Findings) -> bool:
         return False
     found.ok(f"schema: version {known()[-1].version}, this build's")
     return True
+
+
+async def _role(db: Database, found: Findings) -> None:
+    """The role serve connects as, held against what it needs and must not have."""
+    judged = await roles.judge(db)
+    where = "docs/operations.md, 'Database roles'"
+    if judged.owner:
+        found.warn(
+            f"serve connects as {judged.role}, which owns the schema or is a superuser: it "
+            "could change the schema and rewrite history",
+            f"give serve a runtime role, and migrate database.migrationDsn ({where})",
+        )
+        return
+    if judged.missing:
+        found.refuse(
+            f"serve's role {judged.role} lacks {', '.join(judged.missing)}",
+            f"run coordinator migrate with database.migrationDsn set, or the GRANTs of {where}",
+        )
+    if judged.excess:
+        found.warn(
+            f"serve's role {judged.role} may also {', '.join(judged.excess)}",
+            "revoke them: serve needs none, and history must not be changed",
+        )
+    if not judged.missing and not judged.excess:
+        found.ok(f"serve's role {judged.role} has what it needs and cannot change history")
 
 
 async def _timeline(db: Database, database: DatabaseConfig, found: Findings) -> None:

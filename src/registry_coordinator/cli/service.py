@@ -154,21 +154,36 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    """Apply pending migrations; with ``database.migrationDsn``, as the schema's owner, then
+    grant the role ``serve`` connects as (``database.dsn``'s) what it needs, and no more."""
+    from dataclasses import replace
+
     from registry_coordinator.config import load_config
     from registry_coordinator.service import open_database_unchecked
+    from registry_coordinator.store import roles
     from registry_coordinator.store.migrations import check_server, migrate
 
     configure_logging()
     config = load_config(args.config)
+    database = config.database
+    owner = database.migration_dsn
 
     async def run() -> None:
-        async with open_database_unchecked(config.database) as db:
+        runtime = None
+        if owner is not None:
+            async with open_database_unchecked(database, "coordinator/migrate", size=1) as db:
+                runtime = await roles.current_role(db)
+        as_owner = replace(database, dsn=owner) if owner is not None else database
+        async with open_database_unchecked(as_owner, "coordinator/migrate") as db:
             await check_server(db)
             applied = await migrate(db)
             for migration in applied:
                 print(f"applied {migration.version:04d} {migration.name}")
             if not applied:
                 print("the schema is current")
+            if runtime is not None and runtime != await roles.current_role(db):
+                await roles.grant(db, runtime)
+                print(f"granted {runtime}, the role serve connects as, what it needs")
 
     return run_service(run)
 

@@ -10,7 +10,7 @@ values in the file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -57,6 +57,9 @@ class DatabaseConfig:
     #: The high-water mark outside the database (``engine.high_water``); None: a restored
     #: database cannot be recognised, which ``doctor`` warns of.
     high_water: Path | None = None
+    #: The schema owner's connection string, which ``migrate`` (and only it) uses; None:
+    #: ``migrate`` connects as ``serve`` does (one role for both).
+    migration_dsn: str | None = field(default=None, repr=False)
 
 
 def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | None:
@@ -64,7 +67,8 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
     data = reader.mapping(value, path, "database")
     if data is None:
         return None
-    reader.fields(data, path, "database", [], ["dsn", "embedded", "poolSize", "highWaterMark"])
+    known = ["dsn", "embedded", "poolSize", "highWaterMark", "migrationDsn"]
+    reader.fields(data, path, "database", [], known)
     pool_size = read_integer(reader, data, "poolSize", path, 10, 2, 200)
     mark = reader.string(data, "highWaterMark", path, "database")
     high_water = (base / mark).resolve() if mark else None
@@ -82,35 +86,45 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
         directory = reader.string(embedded, "dataDirectory", (*path, "embedded"), "embedded")
         data_directory = (base / directory).resolve() if directory else None
         return DatabaseConfig(None, data_directory, pool_size, high_water)
-    dsn = reader.string(data, "dsn", path, "database")
+    dsn = _read_dsn(reader, data, "dsn", path)
+    owner = _read_dsn(reader, data, "migrationDsn", path) if "migrationDsn" in data else None
     if dsn is None:
         return None
+    return DatabaseConfig(dsn, None, pool_size, high_water, owner)
+
+
+def _read_dsn(reader: Reader, data: dict[str, JSON], name: str, path: DataPath) -> str | None:
+    """A connection string by reference (or literal, without a password), resolved."""
+    dsn = reader.string(data, name, path, "database")
+    if dsn is None:
+        return None
+    at = (*path, name)
     if not dsn.startswith(("env:", "file:")):
         try:
             secret = has_password(dsn)
         except ValueError:
-            _malformed(reader, "dsn is not a PostgreSQL connection string", path)
+            _malformed(reader, f"{name} is not a PostgreSQL connection string", at)
             return None
         if wrong := port_problem(dsn):
-            _malformed(reader, f"dsn: {wrong}", path)
+            _malformed(reader, f"{name}: {wrong}", at)
             return None
         if secret:
             reader.report(
                 "config.secret-literal",
-                "dsn holds a password, and secrets must not be written in the configuration",
-                "put the connection string in an environment variable or file: dsn: env:NAME",
-                (*path, "dsn"),
+                f"{name} holds a password, and secrets must not be written in the configuration",
+                f"put the connection string in an environment variable or file: {name}: env:NAME",
+                at,
             )
             return None
-        return DatabaseConfig(dsn, None, pool_size, high_water)
+        return dsn
     try:
         resolved = resolve_secret(dsn)
     except ValueError as exc:
         reader.report(
             "config.secret-unavailable",
-            f"dsn: {exc}",
+            f"{name}: {exc}",
             "set the variable or create the file before starting",
-            (*path, "dsn"),
+            at,
         )
         return None
     try:
@@ -118,15 +132,15 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
     except ValueError:
         wrong = "it is not a PostgreSQL connection string"
     if wrong:  # said without the value, which may hold a password
-        _malformed(reader, f"the dsn {dsn} names: {wrong}", path)
+        _malformed(reader, f"the {name} {dsn} names: {wrong}", at)
         return None
-    return DatabaseConfig(resolved, None, pool_size, high_water)
+    return resolved
 
 
-def _malformed(reader: Reader, message: str, path: DataPath) -> None:
+def _malformed(reader: Reader, message: str, at: DataPath) -> None:
     reader.report(
         "config.invalid-value",
         message,
         "write postgresql://user@host:port/database",
-        (*path, "dsn"),
+        at,
     )

@@ -3,8 +3,9 @@ queries.
 
 Every statement the service sends is a query named in ``sql/queries.sql``, looked up
 strictly: a name that is not declared raises :class:`UnknownQuery` before anything is
-sent (a misspelled name must never reach PostgreSQL as if it were SQL). The one
-exception is a migration's file, run whole by :meth:`Connection.execute_script`.
+sent (a misspelled name must never reach PostgreSQL as if it were SQL). The exceptions,
+run whole by :meth:`Connection.execute_script`, are a migration's file and the GRANTs
+``migrate`` gives the runtime role (``roles``).
 
 How psycopg runs under Trio: psycopg does its protocol work in generators that say when
 they must wait for the socket, and its connection classes differ only in the function
@@ -269,7 +270,8 @@ class Connection:
 
     async def execute_script(self, script: str) -> None:
         """Run SQL text that is not a named query: a migration's whole file (statements
-        without parameters). Only :mod:`migrations` sends such text."""
+        without parameters), or the GRANTs to a role, whose name is an identifier no
+        parameter can carry. Only :mod:`migrations` and :mod:`roles` send such text."""
         await self._statement(script.encode())
 
     async def _statement(self, sql: bytes) -> None:

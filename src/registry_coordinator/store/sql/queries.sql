@@ -987,17 +987,9 @@ RETURNING id;
 -- name: retention_remove
 -- Remove archived runs from the hot tables: their history, calls, waits and the run.
 --
--- Every statement in WITH runs to completion, so the runs go with all their rows.
-WITH gone AS (
-    SELECT id FROM archived_runs WHERE id = ANY (%(runs)s::uuid[])
-), history AS (
-    DELETE FROM run_events WHERE run_id IN (SELECT id FROM gone) RETURNING 1
-), calls AS (
-    DELETE FROM executions WHERE run_id IN (SELECT id FROM gone) RETURNING 1
-), parked AS (
-    DELETE FROM waits WHERE run_id IN (SELECT id FROM gone) RETURNING 1
-)
-DELETE FROM runs WHERE id IN (SELECT id FROM gone);
+-- With the schema owner's rights (remove_archived, schema 14), only for runs archived_runs
+-- records: the runtime role has no DELETE of its own on history.
+SELECT remove_archived(%(runs)s::uuid[]) AS removed;
 
 -- name: list_archived
 -- One page of archived runs, newest first, of those a caller may see (as list_runs).
@@ -1115,3 +1107,19 @@ SELECT max(updated_at) AS at FROM runs;
 UPDATE restores SET ended_at = clock_timestamp(), ended_by = %(actor)s, reason = %(reason)s
 WHERE ended_at IS NULL
 RETURNING number;
+
+-- name: current_role
+-- The role this session runs as.
+SELECT current_user AS role;
+
+-- name: role_standing
+-- Whether this session's role owns the schema (or is a superuser), and may create in it.
+SELECT current_user AS role,
+       pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = 'runs'::regclass),
+                   'USAGE')
+           OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) AS owner,
+       has_schema_privilege(current_user, 'public', 'CREATE') AS creates;
+
+-- name: table_privilege
+-- Whether this session's role holds a privilege on one of the schema's tables.
+SELECT has_table_privilege(current_user, %(table)s, %(privilege)s) AS granted;
