@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from registry_coordinator import store
 from registry_coordinator.addresses import PortInUse, require_free
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.config import (
@@ -159,13 +160,16 @@ def database_repair(exc: CoordinatorError) -> str:
     return "correct database.dsn, or create what it names"
 
 
-async def _database(database: DatabaseConfig, found: Findings) -> None:
+async def _database(
+    database: DatabaseConfig, connections: dict[str, ConnectionConfig], found: Findings
+) -> None:
     try:
         async with open_database_unchecked(database, "coordinator/doctor", size=1) as db:
             if await _schema(db, found):
                 if database.embedded is None:
                     await _role(db, found)
                 await _timeline(db, database, found)
+                await _bindings(db, connections, found)
     except CoordinatorError as exc:
         say = found.unreachable if exc.exit_code == ExitCode.UNAVAILABLE else found.refuse
         say(f"database: {exc.line()}", database_repair(exc))
@@ -217,6 +221,27 @@ async def _schema(db: Database, found: Findings) -> bool:
         return False
     found.ok(f"schema: version {known()[-1].version}, this build's")
     return True
+
+
+async def _bindings(
+    db: Database, connections: dict[str, ConnectionConfig], found: Findings
+) -> None:
+    """Unfinished runs whose requests were sealed under a binding the file no longer gives
+    their connection: a resend would go where it was sealed to."""
+    current = {name: connection.binding() for name, connection in connections.items()}
+    changed = await store.changed_bindings(db, current)
+    if not changed:
+        found.ok("every unfinished run's sealed request has its connection's binding")
+        return
+    first = changed[0]
+    now = current.get(str(first.binding["connection"]))
+    found.warn(
+        f"{len(changed)} unfinished runs hold requests sealed under a binding since changed "
+        f"(run {first.id}: sealed to {first.url} over {first.binding['connection']}, now "
+        f"{now['baseUrl'] if now else 'not configured'})",
+        "a resend goes where it was sealed to; retry-same of a held one asks which "
+        '({"binding": "sealed"} or "current")',
+    )
 
 
 async def _role(db: Database, found: Findings) -> None:
@@ -366,7 +391,7 @@ def doctor(path: Path) -> int:
 
     async def online() -> None:
         if database is not None:
-            await _database(database, found)
+            await _database(database, reading.connections, found)
         auth = config.auth if config is not None else None
         await _products(connections, auth, found)
 

@@ -102,6 +102,7 @@ TREE = {
         "<run>": REQUIRED,
         "--reason": REQUIRED,
         "--attestation": OPTIONAL,
+        "--binding": OPTIONAL,
     },
     "coordinator runs reconcile": {**REMOTE, "<run>": REQUIRED, "--reason": REQUIRED},
     "coordinator admission": {"<action>": REQUIRED},

@@ -95,6 +95,12 @@ REVERSALS: dict[int, str] = {
         DROP FUNCTION remove_archived(uuid[]);
         DELETE FROM coordinator_migrations WHERE version = 14;
     """,
+    # The binding each sending went over, and an operator's rebinding.
+    15: """
+        ALTER TABLE runs DROP COLUMN rebind;
+        ALTER TABLE executions DROP COLUMN binding;
+        DELETE FROM coordinator_migrations WHERE version = 15;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

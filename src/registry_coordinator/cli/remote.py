@@ -69,6 +69,12 @@ def add_commands(commands: Commands) -> None:
                 metavar="TEXT",
                 help="what you found at the product: needed to release a run held restored-review",
             )
+            action.add_argument(
+                "--binding",
+                choices=["sealed", "current"],
+                help="where the resend goes when its connection changed since the request "
+                "was sealed: where it was sealed to, or the connection as it is now",
+            )
 
     admission = commands.add_parser("admission", help="hold or release new starts")
     changes = admission.add_subparsers(dest="action", required=True, parser_class=type(admission))

@@ -21,7 +21,7 @@ from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.fields import Reader, describe
 from registry_coordinator.authoring.source import DataPath
 from registry_coordinator.authoring.workflow import NAME
-from registry_coordinator.config.identity import Identity, read_identity
+from registry_coordinator.config.identity import ClientCredentials, Identity, read_identity
 from registry_coordinator.config.values import (
     read_duration,
     read_integer,
@@ -76,6 +76,19 @@ class ConnectionConfig:
     #: An external connection's review: what may be read, and what its answers must fit.
     external: Reviewed | None = None
 
+    def binding(self) -> dict[str, JSON]:
+        """What a request sealed over this connection is bound to, without a secret: its
+        address, the identity it is sent as (a static token by kind alone: a rotated token
+        is the same identity), and the connection-bound parameters sealed into it. Kept
+        with each sealing, so that a connection edited since is seen (``doctor``, ``/ready``,
+        ``retry-same``)."""
+        return {
+            "connection": self.name,
+            "baseUrl": self.base_url,
+            "identity": _identity(self.identity),
+            "parameters": dict(self.parameters),
+        }
+
     def read_schedule(self, reads: int, only_read: bool) -> timedelta:
         """How long after its ``reads``-th read a waiting run reads its result again: a
         backoff from :attr:`result_poll_first` for a result that only a read tells,
@@ -84,6 +97,19 @@ class ConnectionConfig:
             return self.result_poll
         backoff: timedelta = self.result_poll_first * 2 ** min(reads, 20)
         return min(self.result_poll, backoff)
+
+
+def _identity(identity: Identity | None) -> JSON:
+    if identity is None:
+        return None
+    if isinstance(identity, ClientCredentials):
+        return {
+            "tokenUrl": identity.token_url,
+            "clientId": identity.client_id,
+            "resource": identity.resource,
+            "scopes": list(identity.scopes),
+        }
+    return {"kind": type(identity).__name__.lower()}
 
 
 def read_products(value: JSON) -> dict[str, str | None] | None:

@@ -548,7 +548,7 @@ class Calls:
                 # operator's retry-same) sends the bytes sealed on the first sending,
                 # never a rebuilt request.
                 sealed = await store.sealed_request(self.db, run) if run.attempt else None
-                request, url = self._addressed(definition, run, product, request, sealed)
+                request, url, binding = self._addressed(definition, run, product, request, sealed)
                 authorization = await _authorization(
                     definition.operations[run.step], product, request, url
                 )
@@ -565,7 +565,9 @@ class Calls:
                     if isinstance(ready, Prepared | Request):
                         request, prepared = _sealable(ready)
                         with trio.CancelScope(shield=True):  # know whether it was sealed
-                            run = await self._dispatch_persistently(run, request, url, prepared)
+                            run = await self._dispatch_persistently(
+                                run, request, url, prepared, binding
+                            )
                         dispatched = True
                         # Not sent before a restored backup could forget it was sealed.
                         await self.high_water.passed()
@@ -600,15 +602,21 @@ class Calls:
         product: Product,
         request: Request,
         sealed: store.Sealed | None,
-    ) -> tuple[Request, str]:
-        """The request and its URL: on a first sending, the step's request with the
-        connection's parameters bound; on a resend, the sealed bytes and address, with the
-        grant they were sealed under."""
+    ) -> tuple[Request, str, JSON]:
+        """The request, its URL and the binding it goes over: on a first sending, the
+        step's request with the connection's parameters bound; on a resend, the sealed
+        bytes and address, with the grant they were sealed under — at the connection's
+        address as it is now only where an operator said so (``rebind``)."""
         if sealed is None:
             request = bind(definition.operations[run.step], request, product.config.parameters)
-            return request, product.url(request.target)
+            return request, product.url(request.target), product.config.binding()
         grant = (sealed.prepared or {}).get("grant")
-        return replace(sealed.request, grant=grant), sealed.url
+        url, binding = sealed.url, sealed.binding
+        if sealed.rebind and binding is not None:
+            base = str(binding["baseUrl"])
+            url = product.config.base_url + url.removeprefix(base)
+            binding = product.config.binding()
+        return replace(sealed.request, grant=grant), url, binding
 
     async def _send(
         self,
@@ -788,6 +796,7 @@ class Calls:
         request: Request,
         url: str,
         prepared: dict[str, JSON] | None = None,
+        binding: JSON = None,
     ) -> store.Claimed:
         """Seal the request, waiting out a database outage (the lease is kept meanwhile).
         A sealing whose reply the outage hid is looked up before it is sent again: if it
@@ -802,7 +811,8 @@ class Calls:
                     sealed = await store.sealed_meanwhile(self.db, run)
                     if sealed is not None:
                         return sealed
-                return await store.dispatch(self.db, run, request, url, prepared)
+                bound = binding if isinstance(binding, dict) else None
+                return await store.dispatch(self.db, run, request, url, prepared, bound)
             except Unavailable as exc:
                 if self._stopping:
                     raise

@@ -36,6 +36,8 @@ from registry_coordinator.store.database import Database
 from registry_coordinator.store.operator_actions import LockedRun, OperatorRun
 
 MAX_REASON = 1000
+#: Where a resend goes when its connection changed since its request was sealed.
+BINDINGS = ("sealed", "current")
 
 
 def require_reason(body: JSON) -> str:
@@ -56,21 +58,33 @@ class Said:
 
     reason: str
     attestation: str | None = None
+    #: Which binding a resend goes over when its connection changed since it was sealed:
+    #: ``sealed`` (where it was sent) or ``current`` (the connection as it is now).
+    binding: str | None = None
 
     @classmethod
     def of(cls, body: JSON) -> Said:
-        """The reason and attestation of an action's request body, refused if unusable."""
+        """The reason, attestation and binding of an action's request body, refused if
+        unusable."""
         reason = require_reason(body)
+        binding = body.get("binding") if isinstance(body, dict) else None
+        if binding not in (None, "", *BINDINGS):
+            raise Problem(
+                400,
+                "request.binding-invalid",
+                f'binding is one of {", ".join(BINDINGS)}: {{"binding": "current"}}',
+            )
+        binding = str(binding) if binding else None
         attestation = body.get("attestation") if isinstance(body, dict) else None
         if attestation is None or (isinstance(attestation, str) and not attestation.strip()):
-            return cls(reason)
+            return cls(reason, binding=binding)
         if not isinstance(attestation, str) or len(attestation) > MAX_REASON:
             raise Problem(
                 400,
                 "request.attestation-missing",
                 f'an attestation is text: {{"attestation": "..."}}, 1 to {MAX_REASON} characters',
             )
-        return cls(reason, attestation.strip())
+        return cls(reason, attestation.strip(), binding)
 
 
 @asynccontextmanager
@@ -104,28 +118,100 @@ async def cancel(db: Database, run_id: uuid.UUID, actor: str, reason: str) -> bo
         return True
 
 
-async def retry_same(db: Database, timer: Timer, run_id: uuid.UUID, actor: str, said: Said) -> None:
+async def retry_same(
+    db: Database,
+    timer: Timer,
+    products: dict[str, Product],
+    run_id: uuid.UUID,
+    actor: str,
+    said: Said,
+) -> None:
     """Make a held run take its step again: a call resends its sealed request, byte for
     byte, with its original key (or, if it never sealed one, sends it for the first time).
     A run held after a restore goes on only with the operator's attestation of what they
-    found at the product, recorded with the reason: the database cannot say what it did."""
+    found at the product, recorded with the reason: the database cannot say what it did.
+    A request sealed under a binding its connection no longer has goes where the operator
+    says, and nowhere without it."""
     async with _held(db, run_id) as locked:
         held = locked.run.hold_code
         event: dict[str, JSON] = {"reason": said.reason, "held": held}
-        if held == HoldCode.RESTORED_REVIEW:
-            if said.attestation is None:
+        if held == HoldCode.RESTORED_REVIEW and said.attestation is None:
+            raise Problem(
+                400,
+                "request.attestation-missing",
+                "the run was held after the database was restored from a backup, which "
+                "may not know what it did since: check the product for its effects and "
+                'say what you found: {"reason": "...", "attestation": "..."}',
+            )
+        if said.attestation is not None:
+            event["attestation"] = said.attestation
+        rebind = False
+        sealed = await store.sealed_at(db, run_id, locked.run.step)
+        change = binding_change(sealed, products) if sealed is not None else None
+        if change is not None:
+            if said.binding is None:
                 raise Problem(
-                    400,
-                    "request.attestation-missing",
-                    "the run was held after the database was restored from a backup, which "
-                    "may not know what it did since: check the product for its effects and "
-                    'say what you found: {"reason": "...", "attestation": "..."}',
+                    409,
+                    "run.binding-changed",
+                    f"{change.text()}: say where the resend goes, "
+                    '{"binding": "sealed"} or {"binding": "current"}',
+                    sealed=change.sealed,
+                    current=change.current,
                 )
-            event["attestation"] = said.attestation
-        elif said.attestation is not None:
-            event["attestation"] = said.attestation
-        await locked.resume(actor, event)
+            if said.binding == "current" and change.current is None:
+                raise Problem(
+                    409,
+                    "run.binding-changed",
+                    f"{change.text()}, so it can only go where it was sealed to: "
+                    '{"binding": "sealed"}, or cancel',
+                    sealed=change.sealed,
+                    current=None,
+                )
+            rebind = said.binding == "current"
+            event["binding"] = {"chose": said.binding, "sealed": change.sealed_url}
+            if rebind:
+                event["binding"] = {**event["binding"], "current": change.current_url}
+        await locked.resume(actor, event, rebind=rebind)
     timer.runnable()
+
+
+@dataclass(frozen=True)
+class BindingChange:
+    """A sealed request's binding beside its connection's now (None: no longer configured)."""
+
+    sealed: dict[str, JSON]
+    current: dict[str, JSON] | None
+    sealed_url: str
+    current_url: str | None
+
+    def text(self) -> str:
+        name = self.sealed["connection"]
+        if self.current is None:
+            return (
+                f"the request was sealed to {self.sealed_url} over connection {name}, "
+                "which is no longer configured"
+            )
+        parts = ("baseUrl", "identity", "parameters")
+        changed = [k for k in parts if self.sealed.get(k) != self.current.get(k)]
+        return (
+            f"the request was sealed to {self.sealed_url} over connection {name}, whose "
+            f"{' and '.join(changed)} changed since (it would now go to {self.current_url})"
+        )
+
+
+def binding_change(sealed: store.Sealed, products: dict[str, Product]) -> BindingChange | None:
+    """How a sealed request's binding differs from its connection's now, if it does."""
+    bound = sealed.binding
+    if bound is None:
+        return None
+    product = products.get(str(bound["connection"]))
+    current = product.config.binding() if product is not None else None
+    if current == bound:
+        return None
+    url = None
+    if product is not None:
+        url = product.config.base_url + sealed.url.removeprefix(str(bound["baseUrl"]))
+    return BindingChange(bound, current, sealed.url, url)
 
 
 @dataclass(frozen=True)

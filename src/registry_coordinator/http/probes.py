@@ -15,12 +15,17 @@ from importlib import resources
 import yaml
 from quart import Response
 
+from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.requests import json_response
 from registry_coordinator.observability import health as health_reads
 from registry_coordinator.observability.metrics import CONTENT_TYPE
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import Unavailable
+
+#: Runs with a changed binding counted at most, per probe.
+LISTED = 100
 
 
 @cache
@@ -61,11 +66,34 @@ async def readiness(context: Context) -> dict[str, JSON]:
             "pinned": len(context.workflows.pinned),
         },
         "recovery": {"ok": context.recovery is None, "detail": context.recovery},
+        "bindings": await _bindings(context),
         "highWaterMark": {
             "ok": context.high_water.failing is None,
             "detail": context.high_water.failing
             or ("kept" if context.high_water.path else "not configured"),
         },
+    }
+
+
+async def _bindings(context: Context) -> dict[str, JSON]:
+    """Unfinished runs holding requests sealed under a binding their connection no longer
+    has (an edited baseUrl, identity or parameters): reported, not a reason to be unready,
+    since each goes on only where its sealing or an operator says (``retry-same``)."""
+    current = {name: p.config.binding() for name, p in context.products.items()}
+    try:
+        changed = await store.changed_bindings(context.db, current, LISTED)
+    except Unavailable:
+        return {"ok": True, "detail": "not read: the database is unavailable"}
+    if not changed:
+        return {"ok": True, "changed": 0}
+    names = sorted({str(c.binding["connection"]) for c in changed})
+    more = "+" if len(changed) == LISTED else ""
+    return {
+        "ok": True,
+        "changed": len(changed),
+        "detail": f"{len(changed)}{more} unfinished runs hold requests sealed under a binding "
+        f"since changed (connections {', '.join(names)}; oldest {changed[0].id}): a resend goes "
+        "where it was sealed to, and retry-same asks which",
     }
 
 

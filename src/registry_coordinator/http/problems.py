@@ -27,6 +27,7 @@ CODES: dict[str, str] = {
     "request.invalid-filter": "a run listing filter or limit that is not allowed",
     "request.invalid-cursor": "a page cursor this API did not return",
     "request.reason-missing": "an action without a reason",
+    "request.binding-invalid": "a binding that is neither sealed nor current",
     "request.attestation-missing": "a release after a restore without what the operator "
     "found at the product, or an attestation that is not text",
     "route.not-found": "no such route",
@@ -44,6 +45,8 @@ CODES: dict[str, str] = {
     "workflow.not-pinned": "no pinned workflow (version) of that name",
     "input.invalid": "the input does not fit the workflow's input schema",
     "admission.held": "new starts are held by an operator",
+    "run.binding-changed": "a resend of a request sealed under a binding its connection "
+    "no longer has, without saying which to send it over",
     "run.not-found": "no run of that id that the caller may see",
     "run.archived": "the run ended and was archived: its history is in the bundle named",
     "run.key-reused": "the Idempotency-Key started a run of another workflow, version or input",

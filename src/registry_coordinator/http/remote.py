@@ -121,8 +121,9 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
     if action == "history":
         return "GET", f"/v1/runs/{args.run}/history", None, {}, {}
     said: dict[str, JSON] = {"reason": args.reason}
-    if getattr(args, "attestation", None):
-        said["attestation"] = args.attestation
+    for field in ("attestation", "binding"):
+        if getattr(args, field, None):
+            said[field] = getattr(args, field)
     return "POST", f"/v1/runs/{args.run}/{action}", said, {}, {}
 
 

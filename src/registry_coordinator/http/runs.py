@@ -290,7 +290,7 @@ async def _cancel(context: Context, run: store.RunStatus, actor: str, said: Said
 
 
 async def _retry_same(context: Context, run: store.RunStatus, actor: str, said: Said) -> int:
-    await operations.retry_same(context.db, context.timer, run.id, actor, said)
+    await operations.retry_same(context.db, context.timer, context.products, run.id, actor, said)
     return 200
 
 

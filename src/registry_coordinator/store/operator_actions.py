@@ -74,9 +74,12 @@ class LockedRun:
             "operator_cancel", self._fenced(actor=actor, detail=detail, event=event)
         )
 
-    async def resume(self, actor: str, event: JSON) -> None:
-        """retry-same: the held run is due at once to take its step again."""
-        await self.conn.row("operator_resume", self._fenced(actor=actor, event=event))
+    async def resume(self, actor: str, event: JSON, *, rebind: bool = False) -> None:
+        """retry-same: the held run is due at once to take its step again; with ``rebind``,
+        its sealed request goes over its connection's binding as it is now."""
+        await self.conn.row(
+            "operator_resume", self._fenced(actor=actor, event=event, rebind=rebind)
+        )
 
     async def complete(
         self, step: str, next_step: str, output: JSON, actor: str, event: JSON

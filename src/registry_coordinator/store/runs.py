@@ -42,7 +42,7 @@ from registry_coordinator.store.claims import (
     Settlement,
     actor,
 )
-from registry_coordinator.store.database import Connection, Database, Row
+from registry_coordinator.store.database import Connection, Database, Queries, Row
 from registry_coordinator.store.faults import crash_point
 from registry_coordinator.store.leases import Holder, Holdings, extend_leases, take_over
 from registry_coordinator.store.records import ArchivedRun, HistoryEvent, LateAnswer, RunStatus
@@ -57,6 +57,7 @@ __all__ = [
     "Ahead",
     "ArchivedRun",
     "CancelledInFlight",
+    "ChangedBinding",
     "Claimed",
     "Committed",
     "Delivery",
@@ -81,6 +82,7 @@ __all__ = [
     "advance_sleepers",
     "archived",
     "archived_page",
+    "changed_bindings",
     "claim",
     "commit",
     "dispatch",
@@ -353,6 +355,10 @@ class Sealed:
     #: Whether a sending so far may have reached the product with no answer saying what
     #: became of it (a refusal of the next is then no evidence it never took effect).
     uncertain: bool = False
+    #: The connection's binding it was last sent over (``ConnectionConfig.binding``), if
+    #: known, and whether an operator said to send it next over the binding as it is now.
+    binding: dict[str, JSON] | None = None
+    rebind: bool = False
 
 
 async def sealed_request(db: Database, run: Claimed) -> Sealed | None:
@@ -368,7 +374,39 @@ async def sealed_at(db: Database, run_id: uuid.UUID, step: str) -> Sealed | None
     body = bytes(row["body"]) if row["body"] is not None else None
     headers = tuple((str(k), str(v)) for k, v in row["headers"] or ())
     request = Request(row["method"], str(row["url"]), body, row["idempotency_key"], headers)
-    return Sealed(request, str(row["url"]), row["prepared"], bool(row["uncertain"]))
+    return Sealed(
+        request,
+        str(row["url"]),
+        row["prepared"],
+        bool(row["uncertain"]),
+        row["binding"],
+        bool(row["rebind"]),
+    )
+
+
+@dataclass(frozen=True)
+class ChangedBinding:
+    """An unfinished run whose current step's latest sending went over a binding that its
+    connection no longer has (``changed_bindings``)."""
+
+    id: uuid.UUID
+    state: RunState
+    step: str
+    url: str  # where it was sent
+    binding: dict[str, JSON]  # what it was bound to
+
+    @classmethod
+    def from_row(cls, row: Row) -> ChangedBinding:
+        return cls(row["id"], RunState(row["state"]), row["step"], row["url"], row["binding"])
+
+
+async def changed_bindings(
+    db: Queries, current: dict[str, dict[str, JSON]], limit: int = 100
+) -> list[ChangedBinding]:
+    """The oldest ``limit`` unfinished runs whose request was sealed under a binding unlike
+    ``current``'s (each configured connection's binding by name)."""
+    rows = await db.rows("changed_bindings", {"current": Jsonb(current), "limit": limit})
+    return [ChangedBinding.from_row(row) for row in rows]
 
 
 async def dispatch(
@@ -377,9 +415,11 @@ async def dispatch(
     request: Request,
     url: str,
     prepared: dict[str, JSON] | None = None,
+    binding: dict[str, JSON] | None = None,
 ) -> Claimed:
-    """Seal the request (with the authority it was ``prepared`` under, if it was) and mark
-    it dispatched, before it is sent (fenced like a transition)."""
+    """Seal the request (with the authority it was ``prepared`` under, if it was, and the
+    connection's ``binding`` it goes over) and mark it dispatched, before it is sent
+    (fenced like a transition)."""
     params = {
         "id": run.id,
         "token": run.token,
@@ -392,6 +432,7 @@ async def dispatch(
         "key": request.idempotency_key,
         "headers": Jsonb([list(h) for h in request.headers]) if request.headers else None,
         "prepared": Jsonb(prepared) if prepared is not None else None,
+        "binding": Jsonb(binding) if binding is not None else None,
         "actor": run.actor,
     }
     if not await db.row("dispatch_call", params):

@@ -33,11 +33,12 @@ from registry_coordinator.store import console_reads
 _ADMISSION = {"hold": True, "release": False}
 
 
-def _body(reason: str, attestation: str = "") -> Callable[[], Awaitable[JSON]]:
-    """The form's reason (and attestation) as the request body the API's actions read."""
+def _body(form: dict[str, str]) -> Callable[[], Awaitable[JSON]]:
+    """The form's reason, attestation and binding as the request body the API's actions
+    read."""
 
     async def body() -> JSON:
-        return {"reason": reason, "attestation": attestation}
+        return {field: form.get(field, "") for field in ("reason", "attestation", "binding")}
 
     return body
 
@@ -75,10 +76,12 @@ async def _form(
     stage: str,
     reason: str = "",
     refused: Problem | None = None,
-    attestation: str = "",
+    form: dict[str, str] | None = None,
 ) -> Response:
     words = _known(action)
     run, sent = await _subject(context, who, run_id, action)
+    sealed = await store.sealed_at(context.db, run.id, run.step) if action == "retry-same" else None
+    change = operations.binding_change(sealed, context.products) if sealed else None
     found: Evidence | None = None
     if action == "reconcile" and stage == "confirm":
         try:  # what reconcile will find, shown before the operator confirms it
@@ -100,7 +103,9 @@ async def _form(
         sent=sent,
         stage=stage,
         reason=reason,
-        attestation=attestation,
+        attestation=(form or {}).get("attestation", ""),
+        binding=(form or {}).get("binding", ""),
+        change=change,
         restored=run.hold_code == HoldCode.RESTORED_REVIEW,
         refused=refused,
         evidence=found,
@@ -128,23 +133,21 @@ async def review(context: Context, run_id: str, action: str) -> Response:
     form = await checked_form(context, who)
     _known(action)
     stage, reason, refused = _reason(form)
-    attestation = form.get("attestation", "")
-    return await _form(context, who, run_id, action, stage, reason, refused, attestation)
+    return await _form(context, who, run_id, action, stage, reason, refused, form)
 
 
 async def take(context: Context, run_id: str, action: str) -> Response:
     who = await visitor(context)
     form = await checked_form(context, who)
     _known(action)
-    reason, attestation = form.get("reason", ""), form.get("attestation", "")
+    reason = form.get("reason", "")
     try:
         await _unchanged(context, who, run_id, action, form.get("seq"))
-        said = _body(reason, attestation)
-        run, status = await runs.act(context, who.caller, run_id, action, said)
+        run, status = await runs.act(context, who.caller, run_id, action, _body(form))
     except Problem as refused:
         if refused.status in (401, 403, 404):
             raise
-        return await _form(context, who, run_id, action, "ask", reason, refused, attestation)
+        return await _form(context, who, run_id, action, "ask", reason, refused, form)
     query = urlencode({"done": action if status == 200 else f"{action}-pending"})
     return redirect(f"/console/runs/{run.id}?{query}")
 
@@ -205,7 +208,7 @@ async def admission_take(context: Context, change: str) -> Response:
     form = await checked_form(context, who)
     held = _change(change)
     try:
-        await admission.change(context, who.caller, held, _body(form.get("reason", "")))
+        await admission.change(context, who.caller, held, _body(form))
     except Problem as refused:
         if refused.status in (401, 403):
             raise

@@ -421,19 +421,24 @@ WHERE lease_token = ANY(%(tokens)s::uuid[]);
 -- name: sealed_request
 -- The request a call step sealed on its first sending; every later one is identical.
 --
--- `uncertain`: whether a sending of it so far may have reached the product without an
--- answer that says what became of it (lost, interrupted, or answered with anything but
--- 401, 403, 429 or 503, which say the product did not act on it): a refusal of the next
--- sending is then no evidence that the command never took effect.
-SELECT method, url, body, idempotency_key, headers, prepared,
+-- The bytes are the first sending's; the address and binding the latest's (an operator's
+-- rebinding moves them, schema 15), with `rebind` when the next sending is to go to the
+-- connection's address as it is now. `uncertain`: whether a sending of it so far may have
+-- reached the product without an answer that says what became of it (lost, interrupted,
+-- or answered with anything but 401, 403, 429 or 503, which say the product did not act on
+-- it): a refusal of the next sending is then no evidence that the command never took effect.
+SELECT first.method, latest.url, first.body, first.idempotency_key, first.headers,
+       first.prepared, latest.binding,
+       (SELECT rebind FROM runs WHERE id = %(id)s) AS rebind,
        EXISTS (SELECT 1 FROM executions e
                WHERE e.run_id = %(id)s AND e.step = %(step)s AND e.dispatched_at IS NOT NULL
                  AND e.outcome IS DISTINCT FROM 'not-sent'
                  AND (e.status IS NULL OR e.status NOT IN (401, 403, 429, 503)))
            AS uncertain
-FROM executions
-WHERE run_id = %(id)s AND step = %(step)s
-ORDER BY attempt LIMIT 1;
+FROM (SELECT * FROM executions WHERE run_id = %(id)s AND step = %(step)s
+      ORDER BY attempt LIMIT 1) first,
+     (SELECT url, binding FROM executions WHERE run_id = %(id)s AND step = %(step)s
+      ORDER BY attempt DESC LIMIT 1) latest;
 
 -- name: dispatch_call
 -- Seal the request and mark it dispatched, before a byte is sent.
@@ -443,15 +448,16 @@ ORDER BY attempt LIMIT 1;
 -- writes nothing the second time, even if the first commits late.
 WITH moved AS (
     UPDATE runs
-    SET seq = seq + 1, attempt = attempt + 1, dispatched_at = %(now)s, updated_at = %(now)s
+    SET seq = seq + 1, attempt = attempt + 1, dispatched_at = %(now)s, updated_at = %(now)s,
+        rebind = false
     WHERE id = %(id)s AND lease_token = %(token)s AND attempt = %(attempt)s
       AND dispatched_at IS NULL AND NOT cancel_requested
     RETURNING id, seq, attempt
 ), sealed AS (
     INSERT INTO executions (run_id, step, attempt, method, url, body, idempotency_key,
-                            headers, prepared, sealed_at, dispatched_at)
+                            headers, prepared, binding, sealed_at, dispatched_at)
     SELECT id, %(step)s, attempt, %(method)s, %(url)s, %(body)s, %(key)s, %(headers)s,
-           %(prepared)s, %(now)s, %(now)s
+           %(prepared)s, %(binding)s, %(now)s, %(now)s
     FROM moved
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
@@ -525,7 +531,7 @@ WITH moved AS (
     SET state = CASE WHEN EXISTS (SELECT 1 FROM waits WHERE run_id = %(id)s)
                      THEN 'waiting' ELSE 'running' END,
         seq = seq + 1, due_at = now(), hold_code = NULL, detail = NULL, defects = 0,
-        updated_at = greatest(now(), updated_at)
+        rebind = %(rebind)s, updated_at = greatest(now(), updated_at)
     WHERE id = %(id)s AND seq = %(seq)s AND state = 'held'
     RETURNING id, seq, step, updated_at AS at
 )
@@ -1123,3 +1129,21 @@ SELECT current_user AS role,
 -- name: table_privilege
 -- Whether this session's role holds a privilege on one of the schema's tables.
 SELECT has_table_privilege(current_user, %(table)s, %(privilege)s) AS granted;
+
+-- name: changed_bindings
+-- Unfinished runs whose current step's latest sending went over a binding unlike today's.
+--
+-- %(current)s maps each configured connection's name to its binding now
+-- (ConnectionConfig.binding); a sending before schema 15 has none and is not judged. The
+-- oldest %(limit)s, with the address and binding each was sealed under.
+SELECT r.id, r.state, r.step, e.url, e.binding
+FROM runs r
+JOIN LATERAL (
+    SELECT url, binding FROM executions x
+    WHERE x.run_id = r.id AND x.step = r.step
+    ORDER BY attempt DESC LIMIT 1
+) e ON true
+WHERE r.state IN ('running', 'waiting', 'held') AND e.binding IS NOT NULL
+  AND e.binding IS DISTINCT FROM (%(current)s::jsonb -> (e.binding ->> 'connection'))
+ORDER BY r.updated_at
+LIMIT %(limit)s;
