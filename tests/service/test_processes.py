@@ -244,7 +244,7 @@ def test_two_processes_share_one_port_and_the_work_and_lose_nothing_to_kills(
                 supervised.process.kill()
                 supervised.process.wait(10)
             callers.close()
-        systemd.until("STOPPING=1", timeout=5)
+        systemd.until("STOPPING=1")
         systemd.close()
         every = [pid for pids in supervised.pids().values() for pid in pids]
         assert len(every) == 4, supervised.pids()

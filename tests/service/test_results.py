@@ -307,7 +307,7 @@ def test_results_delivered_while_the_listener_is_down_still_wake_their_runs(
             )
     started = time.monotonic()
     for run in runs:
-        wait_state(dsn, run, "finished", timeout=20)
+        wait_state(dsn, run, "finished", timeout=45)  # under the 60 s sweep
     took = time.monotonic() - started
     ready = service.http.get("/ready").json()
     print(f"listener killed: 5 runs resumed {took:.2f} s after their deliveries")
@@ -353,7 +353,7 @@ def test_without_a_push_or_a_feed_read_the_poll_completes_the_run(
     path = f"/v1/review-requests/{key}/result"
     until(lambda: products.requests("casework", "GET", path), "a poll finding it pending")
     decide(products, key)
-    wait_state(dsn, run, "finished", timeout=10)
+    wait_state(dsn, run, "finished")  # the feed is read again only in ten minutes
     reads = [r["status"] for r in products.requests("casework", "GET", path)]
     assert run_state(dsn, run)["output"] == {"decision": "approved"}
     assert len(reads) >= 2 and set(reads[:-1]) == {202} and reads[-1] == 200, reads
