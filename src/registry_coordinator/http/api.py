@@ -14,9 +14,10 @@ and the document together).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
-from quart import Response, current_app, request
+from quart import Response, current_app, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -26,6 +27,7 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body
 from registry_coordinator.http.routing import Handler, Route, bound, route
+from registry_coordinator.observability import logs
 from registry_coordinator.store.database import Unavailable
 
 __all__ = ["FALLBACKS", "ROUTES", "Context", "Handler", "Route", "create_app", "route"]
@@ -66,11 +68,32 @@ def create_app(context: Context, body_limit: int) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     _add(app, (*ROUTES, *FALLBACKS), bound, context)
     _add(app, console.ROUTES, console.bound, context)  # pages for people: refusals as pages
+    app.before_request(_started)
     app.before_request(read_whole_body)
+    app.after_request(_served)
     app.register_error_handler(Problem, _refused)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Unavailable, _database_unavailable)
     return app
+
+
+#: Routes not in the access log: the probes machines ask every few seconds, and the
+#: console's static files.
+UNLOGGED = ("/health", "/ready", "/metrics", "/console/assets/<version>/<path:name>")
+
+
+async def _started() -> None:
+    g.started = time.perf_counter()
+
+
+async def _served(response: Response) -> Response:
+    """The access log's line of a request as answered."""
+    rule = request.url_rule.rule if request.url_rule is not None else "(no route)"
+    if rule not in UNLOGGED:
+        took = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
+        run = (request.view_args or {}).get("run_id")
+        logs.request(request.method, rule, response.status_code, g.get("caller"), run, took)
+    return response
 
 
 def _add(

@@ -14,7 +14,7 @@ import json
 import uuid
 from datetime import datetime
 
-from quart import Response, request
+from quart import Response, g, request
 
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON, UnusableJson, strict_json
@@ -83,8 +83,11 @@ def instant(value: datetime | None) -> str | None:
 
 
 async def authenticated(context: Context) -> Caller:
-    """Who sent the request, by its bearer token; refused (401) if it names no one."""
-    return await context.auth.authenticate(request.headers.get("Authorization"))
+    """Who sent the request, by its bearer token; refused (401) if it names no one. Named
+    in the request's access log line."""
+    caller = await context.auth.authenticate(request.headers.get("Authorization"))
+    g.caller = caller.actor
+    return caller
 
 
 def _require_json(raw: bytes) -> None:

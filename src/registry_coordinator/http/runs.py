@@ -34,7 +34,7 @@ from registry_coordinator.http.requests import (
     next_cursor,
     problem_body,
 )
-from registry_coordinator.observability import tracing
+from registry_coordinator.observability import logs, tracing
 from registry_coordinator.semantics.codes import RunState
 
 #: What a listing lists: live runs, or archived ones.
@@ -146,6 +146,7 @@ async def start(context: Context) -> Response:
     )
     if started.created:
         context.metrics.runs_started.labels(started.run.workflow_id).inc()
+        logs.started(started.run_id, started.run.workflow_id, started.run.version)
     status = 201 if started.created else 200
     headers = {"Location": f"/v1/runs/{started.run_id}"}
     return json_response(run_status(started.run), status, headers)
@@ -183,6 +184,7 @@ async def start_batch(context: Context) -> Response:
             continue
         if outcome.created:
             context.metrics.runs_started.labels(outcome.run.workflow_id).inc()
+            logs.started(outcome.run.id, outcome.run.workflow_id, outcome.run.version)
         status = 201 if outcome.created else 200
         results.append({"key": key, "status": status, "run": run_status(outcome.run)})
     return json_response({"results": results})
@@ -286,6 +288,7 @@ async def _cancel(context: Context, run: store.RunStatus, actor: str, said: Said
     if not await operations.cancel(context.db, run.id, actor, said.reason):
         return 202
     context.after.cancelled(run.workflow_id)
+    logs.cancelled(run.id)
     return 200
 
 

@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.semantics.codes import RunState
-from registry_coordinator.semantics.steps import Expire, Failed, Held
+from registry_coordinator.semantics.steps import Expire, Failed, Finished, Held
 
 if TYPE_CHECKING:
     from registry_coordinator.store.claims import Committed
@@ -46,6 +46,7 @@ class JsonLines(logging.Formatter):
         run = getattr(record, "run", None)
         if run is not None:
             entry["run"] = str(run)
+        entry.update(getattr(record, "fields", None) or {})
         span = trace.get_current_span().get_span_context()  # the invalid span when off
         if span.is_valid:
             entry["trace_id"] = trace.format_trace_id(span.trace_id)
@@ -67,9 +68,20 @@ class Text(logging.Formatter):
 
 
 def transitions(committed: Committed, run_id: object) -> None:
-    """Log what an operator should know about: runs that fail, expire or are held."""
+    """Log what an operator should know about: runs that finish, and (as warnings) runs
+    that fail, expire or are held. A run's start is logged where it is admitted."""
     for step, transition in committed.taken:
-        if isinstance(transition, Held | Failed):
+        if isinstance(transition, Finished):
+            runs.info(
+                "run finished at %s: %s",
+                step,
+                transition.outcome,
+                extra={
+                    "run": run_id,
+                    "fields": {"state": "finished", "outcome": transition.outcome},
+                },
+            )
+        elif isinstance(transition, Held | Failed):
             what = RunState.HELD if isinstance(transition, Held) else RunState.FAILED
             runs.warning(
                 "run %s at %s: %s: %s",
@@ -81,6 +93,49 @@ def transitions(committed: Committed, run_id: object) -> None:
             )
         elif isinstance(transition, Expire):
             runs.warning("run expired at %s", step, extra={"run": run_id})
+
+
+def started(run_id: object, workflow: str, version: str) -> None:
+    """A run admitted: the first line of its life in the log (its input never is)."""
+    runs.info(
+        "run started: %s %s",
+        workflow,
+        version,
+        extra={"run": run_id, "fields": {"workflow": workflow, "version": version}},
+    )
+
+
+def cancelled(run_id: object) -> None:
+    runs.info(
+        "run cancelled by an operator", extra={"run": run_id, "fields": {"state": "cancelled"}}
+    )
+
+
+access = logging.getLogger("registry_coordinator.access")
+
+
+def request(
+    method: str, route: str, status: int, caller: str | None, run: str | None, ms: float
+) -> None:
+    """One API request or webhook as served: its route's pattern (never its path or query,
+    which can carry what callers searched for), its status, who called, which run."""
+    fields: dict[str, object] = {
+        "method": method,
+        "route": route,
+        "status": status,
+        "duration_ms": round(ms, 2),
+    }
+    if caller is not None:
+        fields["caller"] = caller
+    access.info(
+        "%s %s %d %.1f ms%s",
+        method,
+        route,
+        status,
+        ms,
+        f" by {caller}" if caller else "",
+        extra={"run": run, "fields": fields},
+    )
 
 
 def configure(process: int | None = None) -> None:

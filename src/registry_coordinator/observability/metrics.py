@@ -12,7 +12,16 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.workflow import step_type
@@ -32,6 +41,11 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # The process and the interpreter: resident memory, CPU seconds, open file
+        # descriptors (process_*), the collector's passes (python_gc_*), the version.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         # Runs, and what their steps committed.
         self.runs_started = self._counter("runs_started", "Runs admitted", "workflow")
         self.runs_ended = self._counter(

@@ -20,7 +20,7 @@ import hmac
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-from quart import Response, request
+from quart import Response, g, request
 
 from registry_coordinator.config import LOOPBACK
 from registry_coordinator.http.auth import Caller
@@ -90,7 +90,14 @@ def set_cookie(
 
 async def visitor(context: Context) -> Visitor:
     """Who sent this request: the signed-in person's caller, or the local developer in auth
-    mode none; raises :class:`SignInNeeded` when someone must sign in first."""
+    mode none; raises :class:`SignInNeeded` when someone must sign in first. Named in the
+    request's access log line."""
+    found = await _visitor(context)
+    g.caller = found.caller.actor
+    return found
+
+
+async def _visitor(context: Context) -> Visitor:
     if not context.issuer.enabled:
         if urlsplit(request.host_url).hostname not in LOOPBACK:
             # auth mode none listens on loopback only; a page elsewhere reaching it by a
