@@ -296,7 +296,7 @@ class Supervisor:
     def _status(self) -> None:
         ready = sum(child.ready for child in self.children)
         count = len(self.children)
-        url = f"http://{self.config.host}:{self.port}"
+        url = f"{self.config.scheme}://{self.config.host}:{self.port}"
         if ready == count and not self.announced:
             self.announced = True
             log.info("listening on %s: all %d processes ready", url, count)

@@ -214,6 +214,8 @@ async def _supervise(
     systemd.status("starting")
     http = HypercornConfig()
     http.bind = list(seat.binds)
+    if config.tls is not None:  # every bind serves HTTPS (hypercorn wraps each socket)
+        http.certfile, http.keyfile = str(config.tls.certificate), str(config.tls.key)
     http.accesslog = None
     http.errorlog = logging.getLogger("hypercorn.error")
     http.graceful_timeout = config.engine.shutdown_grace.total_seconds()

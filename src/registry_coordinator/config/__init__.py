@@ -30,7 +30,13 @@ from registry_coordinator.config.connections import EXTERNAL, Completions, Conne
 from registry_coordinator.config.console import ConsoleConfig
 from registry_coordinator.config.database import DatabaseConfig, has_password
 from registry_coordinator.config.engine import EngineConfig, PinnedWorkflow
-from registry_coordinator.config.file import Config, ConfigReading, load_config, read_config
+from registry_coordinator.config.file import (
+    Config,
+    ConfigReading,
+    ListenTls,
+    load_config,
+    read_config,
+)
 from registry_coordinator.config.identity import (
     Bearer,
     ClientCredentials,
@@ -59,6 +65,7 @@ __all__ = [
     "DatabaseConfig",
     "EngineConfig",
     "Identity",
+    "ListenTls",
     "PinnedWorkflow",
     "Policy",
     "Problems",

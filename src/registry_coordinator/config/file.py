@@ -8,6 +8,7 @@ can move together.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,19 @@ class Config:
     audit: AuditConfig
     retention: RetentionConfig
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    #: The listener's certificate chain and key: it serves HTTPS itself (None: plain HTTP,
+    #: on loopback or behind a reverse proxy that terminates TLS).
+    tls: ListenTls | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+
+@dataclass(frozen=True)
+class ListenTls:
+    certificate: Path  # PEM: the server's certificate, then its chain
+    key: Path  # PEM, unencrypted
 
 
 @dataclass(frozen=True)
@@ -116,7 +130,7 @@ def read_config(path: Path) -> ConfigReading:
     )
     database = read_database(reader, root.get("database"), base)
     before = len(reader.diagnostics)
-    host, port = _listen(reader, root.get("listen", {}))
+    host, port, tls = _listen(reader, root.get("listen", {}), base)
     listen = (host, port) if len(reader.diagnostics) == before else None
     workflows = read_workflows(reader, root.get("workflows"), base)
     connections = read_connections(reader, root.get("connections", {}))
@@ -149,13 +163,47 @@ def read_config(path: Path) -> ConfigReading:
         audit,
         retention,
         tracing,
+        tls,
     )
     return ConfigReading(config, workflows, products, problems, connections, database, listen)
 
 
-def _listen(reader: Reader, value: JSON) -> tuple[str, int]:
+def _listen(reader: Reader, value: JSON, base: Path) -> tuple[str, int, ListenTls | None]:
     path: DataPath = ("listen",)
     data = reader.mapping(value, path, "listen") or {}
-    reader.fields(data, path, "listen", [], ["host", "port"])
+    reader.fields(data, path, "listen", [], ["host", "port", "tls"])
     host = reader.string(data, "host", path, "listen") or "127.0.0.1"
-    return host, read_integer(reader, data, "port", path, 8080, 0, 65535)
+    port = read_integer(reader, data, "port", path, 8080, 0, 65535)
+    return host, port, _tls(reader, data, base) if "tls" in data else None
+
+
+def _tls(reader: Reader, data: dict[str, JSON], base: Path) -> ListenTls | None:
+    """The listener's certificate and key, loaded once here as the listener will load
+    them, so that a wrong path, a key of another certificate or an encrypted key is said
+    with the file rather than when the first caller connects."""
+    path: DataPath = ("listen", "tls")
+    tls = reader.mapping(data["tls"], path, "listen.tls") or {}
+    if not reader.fields(tls, path, "listen.tls", ["certificate", "key"]):
+        return None
+    certificate = reader.string(tls, "certificate", path, "listen.tls")
+    key = reader.string(tls, "key", path, "listen.tls")
+    if certificate is None or key is None:
+        return None
+    found = ListenTls((base / certificate).resolve(), (base / key).resolve())
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(found.certificate, found.key, password=_no_password)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        reader.report(
+            "config.invalid-value",
+            f"listen.tls: {found.certificate} and {found.key} cannot serve TLS: {why}",
+            "give a PEM certificate chain and its unencrypted PEM private key",
+            path,
+        )
+        return None
+    return found
+
+
+def _no_password() -> str:
+    raise ValueError("the key is encrypted, and the listener cannot ask for its password")
