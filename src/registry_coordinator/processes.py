@@ -128,6 +128,11 @@ class Supervisor:
                 f"--processes {processes} needs database.dsn: the embedded PostgreSQL of "
                 f"{config.file} is for one process (the demo, the tests)"
             )
+        if config.admin is not None:
+            raise Unsupervisable(
+                f"--processes {processes} and listen.admin in {config.file}: an admin "
+                "listener is for one process; scrape each process on --process-ports"
+            )
         self.config = config
         self.recovery_only = recovery_only
         self.children = [_Child(k) for k in range(processes)]

@@ -52,7 +52,7 @@ from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.worker import Engine
 from registry_coordinator.engine.workflows import Workflows
-from registry_coordinator.http.api import Context, create_app
+from registry_coordinator.http.api import ADMIN, Context, create_admin_app, create_app
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.console.issuer import Issuer
 from registry_coordinator.observability import tracing
@@ -209,7 +209,7 @@ async def _supervise(
     issuer = Issuer(config.auth, config.console, client)
     context = Context(db, workflows, timer, products, listener, auth, after, issuer, mark)
     context.recovery = recovery
-    app = create_app(context, config.request_body_limit)
+    app = create_app(context, config.request_body_limit, without=ADMIN if config.admin else ())
     systemd = Notifier()
     systemd.status("starting")
     http = HypercornConfig()
@@ -237,6 +237,12 @@ async def _supervise(
             await nursery.start(auth.run)  # the key set is read once before callers are served
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))
+            if config.admin is not None:
+                admin = HypercornConfig()
+                admin.bind = [f"{config.admin[0]}:{config.admin[1]}"]
+                admin.accesslog, admin.errorlog = None, http.errorlog
+                served = await nursery.start(hypercorn_serve, create_admin_app(context), admin)
+                log.info("serving /health, /ready and /metrics on %s", " ".join(served))
             # What startup made (modules, schemas, compiled expressions) lives as long as
             # the process: kept out of the cyclic collector's full passes, which paused the
             # event loop 55-75 ms each (about 5 ms after; docs/performance.md).

@@ -144,6 +144,9 @@ def _serve(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     where = f"listen.host, listen.port in {config.file}"
     require_free(config.host, config.port, where, "give listen.port another port")
+    if config.admin is not None:
+        where = f"listen.admin in {config.file}"
+        require_free(*config.admin, where, "give listen.admin.port another port")
     return run_service(lambda: serve(config, workflows, recovery_only=args.recovery_only))
 
 

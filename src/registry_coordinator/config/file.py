@@ -61,6 +61,8 @@ class Config:
     #: The listener's certificate chain and key: it serves HTTPS itself (None: plain HTTP,
     #: on loopback or behind a reverse proxy that terminates TLS).
     tls: ListenTls | None = None
+    #: Where /metrics and /ready are served instead of the public listener (None: there).
+    admin: tuple[str, int] | None = None
 
     @property
     def scheme(self) -> str:
@@ -130,7 +132,7 @@ def read_config(path: Path) -> ConfigReading:
     )
     database = read_database(reader, root.get("database"), base)
     before = len(reader.diagnostics)
-    host, port, tls = _listen(reader, root.get("listen", {}), base)
+    host, port, tls, admin = _listen(reader, root.get("listen", {}), base)
     listen = (host, port) if len(reader.diagnostics) == before else None
     workflows = read_workflows(reader, root.get("workflows"), base)
     connections = read_connections(reader, root.get("connections", {}))
@@ -164,17 +166,41 @@ def read_config(path: Path) -> ConfigReading:
         retention,
         tracing,
         tls,
+        admin,
     )
     return ConfigReading(config, workflows, products, problems, connections, database, listen)
 
 
-def _listen(reader: Reader, value: JSON, base: Path) -> tuple[str, int, ListenTls | None]:
+def _listen(
+    reader: Reader, value: JSON, base: Path
+) -> tuple[str, int, ListenTls | None, tuple[str, int] | None]:
     path: DataPath = ("listen",)
     data = reader.mapping(value, path, "listen") or {}
-    reader.fields(data, path, "listen", [], ["host", "port", "tls"])
+    reader.fields(data, path, "listen", [], ["host", "port", "tls", "admin"])
     host = reader.string(data, "host", path, "listen") or "127.0.0.1"
     port = read_integer(reader, data, "port", path, 8080, 0, 65535)
-    return host, port, _tls(reader, data, base) if "tls" in data else None
+    tls = _tls(reader, data, base) if "tls" in data else None
+    return host, port, tls, _admin(reader, data, port) if "admin" in data else None
+
+
+def _admin(reader: Reader, data: dict[str, JSON], public: int) -> tuple[str, int] | None:
+    """The admin listener: /metrics and /ready for the machines that watch the service,
+    off the address callers reach (plain HTTP, like a scrape target)."""
+    path: DataPath = ("listen", "admin")
+    admin = reader.mapping(data["admin"], path, "listen.admin") or {}
+    if not reader.fields(admin, path, "listen.admin", ["port"], ["host"]):
+        return None
+    host = reader.string(admin, "host", path, "listen.admin") or "127.0.0.1"
+    port = read_integer(reader, admin, "port", path, 9090, 1, 65535)
+    if port == public:
+        reader.report(
+            "config.invalid-value",
+            f"listen.admin.port {port} is listen.port too",
+            "give the admin listener a port of its own",
+            (*path, "port"),
+        )
+        return None
+    return host, port
 
 
 def _tls(reader: Reader, data: dict[str, JSON], base: Path) -> ListenTls | None:

@@ -30,7 +30,17 @@ from registry_coordinator.http.routing import Handler, Route, bound, route
 from registry_coordinator.observability import logs
 from registry_coordinator.store.database import Unavailable
 
-__all__ = ["FALLBACKS", "ROUTES", "Context", "Handler", "Route", "create_app", "route"]
+__all__ = [
+    "ADMIN",
+    "FALLBACKS",
+    "ROUTES",
+    "Context",
+    "Handler",
+    "Route",
+    "create_admin_app",
+    "create_app",
+    "route",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +72,34 @@ FALLBACKS = (
 )
 
 
-def create_app(context: Context, body_limit: int) -> QuartTrio:
+#: What an admin listener serves (``listen.admin``), and the public one then does not.
+ADMIN = ("/ready", "/metrics")
+
+
+def create_app(context: Context, body_limit: int, *, without: tuple[str, ...] = ()) -> QuartTrio:
+    """The service's app; ``without`` the routes served elsewhere (:func:`create_admin_app`)."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
-    _add(app, (*ROUTES, *FALLBACKS), bound, context)
+    routes = tuple(r for r in ROUTES if r.path not in without)
+    _add(app, (*routes, *FALLBACKS), bound, context)
     _add(app, console.ROUTES, console.bound, context)  # pages for people: refusals as pages
     app.before_request(_started)
     app.before_request(read_whole_body)
     app.after_request(_served)
     app.register_error_handler(Problem, _refused)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Unavailable, _database_unavailable)
+    return app
+
+
+def create_admin_app(context: Context) -> QuartTrio:
+    """The admin listener's app: /health, /ready and /metrics only, for the machines that
+    watch the service, on an address callers do not reach."""
+    app = QuartTrio(__name__ + ".admin")
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    probes_only = tuple(r for r in ROUTES if r.path in ("/health", *ADMIN))
+    _add(app, probes_only, bound, context)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Unavailable, _database_unavailable)
     return app

@@ -1,6 +1,7 @@
-"""The listener serving HTTPS itself, with a certificate it was given: callers that trust
-it are served, plain HTTP is not, and a certificate that cannot serve is refused with the
-file before anything starts."""
+"""What the service listens on: HTTPS served by the listener itself, with a certificate it
+was given (callers that trust it are served, plain HTTP is not, and a certificate that
+cannot serve is refused with the file before anything starts); and an admin listener that
+takes /metrics and /ready off the public one."""
 
 from __future__ import annotations
 
@@ -83,3 +84,19 @@ def test_a_key_of_another_certificate_is_refused_with_the_file(
     assert refused.returncode == 1
     assert "listen.tls:" in refused.stderr and "cannot serve TLS" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_an_admin_listener_takes_metrics_and_ready_off_the_public_one(
+    services: Services,
+) -> None:
+    public, admin = free_port(), free_port()
+    listen = {"host": "127.0.0.1", "port": public, "admin": {"port": admin}}
+    services(["chain"], extra={"listen": listen})
+    for path in ("/metrics", "/ready"):
+        hidden = httpx.get(f"http://127.0.0.1:{public}{path}", timeout=30)
+        assert (hidden.status_code, hidden.json()["code"]) == (404, "route.not-found"), path
+    assert httpx.get(f"http://127.0.0.1:{public}/health", timeout=30).status_code == 200
+    scraped = httpx.get(f"http://127.0.0.1:{admin}/metrics", timeout=30)
+    assert scraped.status_code == 200 and "coordinator_runs_started" in scraped.text
+    assert httpx.get(f"http://127.0.0.1:{admin}/ready", timeout=30).json()["ready"] is True
+    assert httpx.get(f"http://127.0.0.1:{admin}/v1/runs", timeout=30).status_code == 404
