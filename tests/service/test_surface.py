@@ -201,6 +201,6 @@ def test_every_cli_command_against_a_live_service(
     log: list[dict[str, Any]] = [
         json.loads(line) for line in (tmp_path / "service.log").read_text().splitlines()
     ]
-    held_lines = [entry for entry in log if entry.get("run") == held_notice]
-    assert held_lines and "run held" in held_lines[0]["message"]
+    held_lines = [entry["message"] for entry in log if entry.get("run") == held_notice]
+    assert held_lines[0].startswith("run started") and any("run held" in m for m in held_lines)
     assert all({"at", "level", "logger", "message"} <= set(entry) for entry in log)
