@@ -93,15 +93,14 @@ async def archive_batch(
     """Archive up to ``retention.batch`` runs that are due: how many were due, and how many
     this call archived (another process may have archived some first)."""
     assert retention.archive_after is not None and retention.directory is not None
-    async with db.connection() as lock:
+    # The lock lasts a transaction that does nothing else (it holds no snapshot between
+    # its statements, so it keeps nothing from vacuum); the batch's own statements run on
+    # other connections. Cancelled or failed, the rollback lets the lock go.
+    async with db.connection() as lock, lock.transaction():
         locked = await lock.row("retention_lock")
         if locked is None or not locked["locked"]:
             return 0, 0  # another process is archiving: one writer of bundles at a time
-        try:
-            return await _archive_batch(db, retention, checkpointer, key)
-        finally:
-            with trio.CancelScope(shield=True):
-                await lock.execute("retention_unlock")
+        return await _archive_batch(db, retention, checkpointer, key)
 
 
 async def _archive_batch(

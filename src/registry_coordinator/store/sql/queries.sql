@@ -961,12 +961,10 @@ ORDER BY ended_at, id
 LIMIT %(limit)s;
 
 -- name: retention_lock
--- Become the one process archiving now, for this session, unless another is.
-SELECT pg_try_advisory_lock(hashtext('registry-coordinator.retention')) AS locked;
-
--- name: retention_unlock
--- Let another process archive.
-SELECT pg_advisory_unlock(hashtext('registry-coordinator.retention')) AS unlocked;
+-- Become the one process archiving now, until this transaction ends, unless another is.
+-- A transaction's lock, not a session's: behind a pooler in transaction mode a session's
+-- lock would stay with a server session that other clients are then given.
+SELECT pg_try_advisory_xact_lock(hashtext('registry-coordinator.retention')) AS locked;
 
 -- name: retention_hold_starts
 -- Hold new rows out of runs until this transaction ends (hold_new_runs, schema 10).
