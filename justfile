@@ -17,13 +17,15 @@ test *args: lint packages
     {{bin}}/pytest -n 3 --dist worksteal {{args}}
 
 # Debian packages the tests use, apt-get installed when missing (if run as root): Chromium
-# for tests/browser, systemd's systemd-analyze for the unit's verification
+# for tests/browser, systemd's systemd-analyze for the unit's verification, PgBouncer for
+# the service behind a transaction-mode pool
 packages:
     #!/usr/bin/env bash
     set -euo pipefail
     missing=()
     [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium fonts-liberation)
     command -v systemd-analyze >/dev/null || missing+=(systemd)
+    [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || missing+=(pgbouncer)
     [ ${#missing[@]} -eq 0 ] && exit 0
     if [ "$(id -u)" != 0 ]; then
         echo "missing ${missing[*]}, so some tests will fail: sudo apt-get install ${missing[*]}"

@@ -49,7 +49,7 @@ from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import KeySet
 from registry_coordinator.observability.tracing import OTLP_EXPORTER
 from registry_coordinator.service import open_database_unchecked
-from registry_coordinator.store import roles, timeline
+from registry_coordinator.store import poolers, roles, timeline
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.migrations import check_server, known, pending
 
@@ -167,6 +167,7 @@ async def _database(
         async with open_database_unchecked(database, "coordinator/doctor", size=1) as db:
             if await _schema(db, found):
                 if database.embedded is None:
+                    await _pooler(db, database, found)
                     await _role(db, found)
                 await _timeline(db, database, found)
                 await _bindings(db, connections, found)
@@ -242,6 +243,14 @@ async def _bindings(
         "a resend goes where it was sealed to; retry-same of a held one asks which "
         '({"binding": "sealed"} or "current")',
     )
+
+
+async def _pooler(db: Database, database: DatabaseConfig, found: Findings) -> None:
+    """What stands between serve and PostgreSQL, held against what the file declares."""
+    try:
+        found.ok(await poolers.judge(db, database))
+    except poolers.PoolerRefused as exc:
+        found.refuse(exc.what, exc.repair)
 
 
 async def _role(db: Database, found: Findings) -> None:

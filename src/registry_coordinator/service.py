@@ -58,7 +58,7 @@ from registry_coordinator.http.console.issuer import Issuer
 from registry_coordinator.observability import tracing
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.observability.systemd import Notifier
-from registry_coordinator.store import faults
+from registry_coordinator.store import faults, poolers
 from registry_coordinator.store import timeline as store_timeline
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.embedded import EmbeddedPostgres
@@ -107,7 +107,13 @@ async def open_database_unchecked(
         dsn = await trio.to_thread.run_sync(embedded.start)
     assert dsn is not None
     try:
-        db = await Database.open(dsn, size or database.pool_size, application_name)
+        db = await Database.open(
+            dsn,
+            size or database.pool_size,
+            application_name,
+            pooler=database.pooler,
+            listen_dsn=database.session_dsn,
+        )
         try:
             yield db
         finally:
@@ -122,9 +128,11 @@ async def open_database(
     config: Config, application_name: str, size: int | None = None
 ) -> AsyncIterator[Database]:
     """The configured database, checked to be PostgreSQL 17+ with this build's schema
-    (which the embedded database is migrated to by itself)."""
+    (which the embedded database is migrated to by itself), behind no pooler in
+    transaction mode that the file does not declare (``store.poolers``)."""
     async with open_database_unchecked(config.database, application_name, size) as db:
         version = await check_server(db)
+        log.info("database session: %s", await poolers.judge(db, config.database))
         if config.database.embedded is not None:
             for migration in await migrate(db):
                 log.info("applied schema migration %04d %s", migration.version, migration.name)

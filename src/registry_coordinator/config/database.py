@@ -1,6 +1,9 @@
 """The ``database`` section, read by the store: a connection string by reference, or the
 embedded cluster's data directory, the pool's size, and the high-water mark's file, which
-lets a database restored from a backup be recognised (``engine.high_water``).
+lets a database restored from a backup be recognised (``engine.high_water``); and, where
+``dsn`` leads through a connection pooler in transaction mode (PgBouncer's
+``pool_mode = transaction``), ``pooler: transaction`` and the ``sessionDsn`` that the
+one thing needing a session of its own, LISTEN, connects to (``store.poolers``).
 
 Reading it never connects (``coordinator token --config`` reads the file too): a connection
 string is judged by psycopg's own parser of libpq's syntax, without the event loop's
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import psycopg
 from psycopg.abc import ConnDict
@@ -49,6 +53,11 @@ def port_problem(dsn: str) -> str | None:
     return None
 
 
+#: What stands between ``dsn`` and PostgreSQL, as far as a session goes.
+Pooler = Literal["none", "transaction"]
+POOLERS: tuple[Pooler, ...] = ("none", "transaction")
+
+
 @dataclass(frozen=True)
 class DatabaseConfig:
     dsn: str | None  # resolved; None in embedded mode
@@ -60,6 +69,17 @@ class DatabaseConfig:
     #: The schema owner's connection string, which ``migrate`` (and only it) uses; None:
     #: ``migrate`` connects as ``serve`` does (one role for both).
     migration_dsn: str | None = field(default=None, repr=False)
+    #: ``"transaction"`` where ``dsn`` leads through a pooler in transaction mode, which
+    #: keeps nothing of a session between transactions; ``"none"`` (a session each).
+    pooler: Pooler = "none"
+    #: Where LISTEN connects, a session that stays its own (PostgreSQL directly, or a
+    #: pooler's session-mode pool); None: ``dsn``. Needed with ``pooler: transaction``.
+    session_dsn: str | None = field(default=None, repr=False)
+
+    @property
+    def listen_dsn(self) -> str | None:
+        """The connection string LISTEN connects with (None in embedded mode)."""
+        return self.session_dsn or self.dsn
 
 
 def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | None:
@@ -67,7 +87,7 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
     data = reader.mapping(value, path, "database")
     if data is None:
         return None
-    known = ["dsn", "embedded", "poolSize", "highWaterMark", "migrationDsn"]
+    known = ["dsn", "embedded", "poolSize", "highWaterMark", "migrationDsn", "pooler", "sessionDsn"]
     reader.fields(data, path, "database", [], known)
     pool_size = read_integer(reader, data, "poolSize", path, 10, 2, 200)
     mark = reader.string(data, "highWaterMark", path, "database")
@@ -81,6 +101,14 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
         )
         return None
     if "embedded" in data:
+        for session_field in ("pooler", "sessionDsn"):
+            if session_field in data:
+                reader.report(
+                    "config.invalid-value",
+                    f"database.{session_field} is for a dsn, and the embedded database has none",
+                    f"remove {session_field}, or give dsn instead of embedded",
+                    (*path, session_field),
+                )
         embedded = reader.mapping(data["embedded"], (*path, "embedded"), "embedded") or {}
         reader.fields(embedded, (*path, "embedded"), "embedded", ["dataDirectory"])
         directory = reader.string(embedded, "dataDirectory", (*path, "embedded"), "embedded")
@@ -88,9 +116,33 @@ def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | N
         return DatabaseConfig(None, data_directory, pool_size, high_water)
     dsn = _read_dsn(reader, data, "dsn", path)
     owner = _read_dsn(reader, data, "migrationDsn", path) if "migrationDsn" in data else None
-    if dsn is None:
+    session = _read_dsn(reader, data, "sessionDsn", path) if "sessionDsn" in data else None
+    pooler = _read_pooler(reader, data, path)
+    if pooler == "transaction" and "sessionDsn" not in data:
+        reader.report(
+            "config.invalid-value",
+            "database.pooler: transaction needs database.sessionDsn: LISTEN must keep a "
+            "session of its own, which a transaction-mode pool does not give",
+            "set sessionDsn to PostgreSQL directly, or to a session-mode pool of the pooler",
+            (*path, "pooler"),
+        )
+    if dsn is None or pooler is None:
         return None
-    return DatabaseConfig(dsn, None, pool_size, high_water, owner)
+    return DatabaseConfig(dsn, None, pool_size, high_water, owner, pooler, session)
+
+
+def _read_pooler(reader: Reader, data: dict[str, JSON], path: DataPath) -> Pooler | None:
+    pooler = reader.string(data, "pooler", path, "database") or "none"
+    for known in POOLERS:
+        if pooler == known:
+            return known
+    reader.report(
+        "config.invalid-value",
+        f"database.pooler {pooler!r} is not one of {', '.join(POOLERS)}",
+        "write pooler: transaction where dsn leads through PgBouncer's transaction mode",
+        (*path, "pooler"),
+    )
+    return None
 
 
 def _read_dsn(reader: Reader, data: dict[str, JSON], name: str, path: DataPath) -> str | None:

@@ -26,13 +26,15 @@ ACTIVE = tuple(state for state in RunState if not state.terminal)
 
 
 async def database(db: Database) -> JSON:
-    """The database's part of readiness: ``ok``, or not with what went wrong."""
+    """The database's part of readiness: ``ok``, or not with what went wrong; and the
+    pooler the service was started behind (``database.pooler``, checked at startup)."""
     try:
         with trio.fail_after(PATIENCE):
             await db.row("server_version")
     except (trio.TooSlowError, Unavailable) as exc:
-        return {"ok": False, "detail": str(exc) or f"no answer within {PATIENCE} s"}
-    return {"ok": True}
+        detail = str(exc) or f"no answer within {PATIENCE} s"
+        return {"ok": False, "detail": detail, "pooler": db.pooler}
+    return {"ok": True, "pooler": db.pooler}
 
 
 @dataclass(frozen=True)

@@ -201,10 +201,14 @@ class _TrioConnection(psycopg.AsyncConnection[Row]):
         return await _waited(gen, self.pgconn.socket)
 
     @classmethod
-    async def open(cls, dsn: str, application_name: str) -> _TrioConnection:
+    async def open(
+        cls, dsn: str, application_name: str, *, prepare: bool = True
+    ) -> _TrioConnection:
         """Connect: libpq's blocking connect, on a thread (it resolves host names, which
         would stop Trio's loop), then a connection in nonblocking mode, as psycopg makes
-        every connection."""
+        every connection. Without ``prepare``, psycopg never prepares a statement on the
+        server (it does after a query's fifth run): a pooler in transaction mode hands the
+        next transaction another session, where the name is unknown or already taken."""
         conninfo = make_conninfo(dsn, connect_timeout=10, application_name=application_name)
         pgconn = await trio.to_thread.run_sync(
             pq.PGconn.connect, conninfo.encode(), abandon_on_cancel=True
@@ -215,6 +219,8 @@ class _TrioConnection(psycopg.AsyncConnection[Row]):
             raise psycopg.OperationalError(f"connection failed: {why}")
         pgconn.nonblocking = 1
         conn = cls(pgconn, row_factory=dict_row)
+        if not prepare:
+            conn.prepare_threshold = None
         await conn.set_autocommit(True)
         return conn
 
@@ -305,21 +311,40 @@ def _adapt(params: Params | None) -> dict[str, object] | None:
 
 
 class Database:
-    """A fixed-size pool of autocommit connections to one PostgreSQL database."""
+    """A fixed-size pool of autocommit connections to one PostgreSQL database.
 
-    def __init__(self, dsn: str, size: int, application_name: str = "registry-coordinator") -> None:
+    Behind a pooler in transaction mode (``pooler="transaction"``) nothing is prepared on
+    the server, and LISTEN connects to ``listen_dsn``, a session of its own."""
+
+    def __init__(
+        self,
+        dsn: str,
+        size: int,
+        application_name: str = "registry-coordinator",
+        *,
+        pooler: str = "none",
+        listen_dsn: str | None = None,
+    ) -> None:
         self.dsn = dsn
         self.size = size
         self.application_name = application_name  # on every session, in pg_stat_activity
+        self.pooler = pooler
+        self.listen_dsn = listen_dsn or dsn
         self._send, self._receive = trio.open_memory_channel[Connection | None](size)
 
     @classmethod
     async def open(
-        cls, dsn: str, size: int, application_name: str = "registry-coordinator"
+        cls,
+        dsn: str,
+        size: int,
+        application_name: str = "registry-coordinator",
+        *,
+        pooler: str = "none",
+        listen_dsn: str | None = None,
     ) -> Database:
         """Connect the whole pool now, so an unreachable database stops startup, and one
         that refuses the connection stops it as refused (:class:`ConnectionRefused`)."""
-        database = cls(dsn, size, application_name)
+        database = cls(dsn, size, application_name, pooler=pooler, listen_dsn=listen_dsn)
         connected: list[Connection] = []
         try:
             for _ in range(size):
@@ -337,9 +362,14 @@ class Database:
         (:class:`Unavailable`), which the engine waits out: a role's password rotated, or
         a database restored under its name, must not stop the service."""
         try:
-            return Connection(await _TrioConnection.open(self.dsn, self.application_name))
+            return Connection(await self.session(self.dsn))
         except psycopg.OperationalError as exc:
             raise (_connect_error(exc) if starting else Unavailable(_first_line(exc))) from None
+
+    async def session(self, dsn: str) -> _TrioConnection:
+        """A connection of this database's kind to ``dsn``, outside the pool."""
+        prepare = self.pooler != "transaction"
+        return await _TrioConnection.open(dsn, self.application_name, prepare=prepare)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
@@ -382,13 +412,14 @@ class Database:
 
 @asynccontextmanager
 async def notifications(db: Database, channel: str) -> AsyncIterator[AsyncIterator[str]]:
-    """A dedicated connection to ``db``'s database LISTENing on ``channel``, yielding
-    notification payloads.
+    """A dedicated connection to ``db``'s database LISTENing on ``channel`` (at its
+    ``listen_dsn``, which a pooler in transaction mode cannot be), yielding notification
+    payloads.
 
     A lost connection surfaces as :class:`Unavailable`, from here or from iterating.
     """
     try:
-        raw = await _TrioConnection.open(db.dsn, db.application_name)
+        raw = await db.session(db.listen_dsn)
     except psycopg.OperationalError as exc:
         raise Unavailable(_first_line(exc)) from None
     try:

@@ -3,6 +3,10 @@
 -- after a bare `--` line, as much more as it needs); it takes psycopg named parameters,
 -- %(name)s. The description stays in the text sent, as a comment.
 
+-- name: backend_pid
+-- The PostgreSQL session this statement runs in (store.poolers: is it the same each time?).
+SELECT pg_backend_pid() AS pid;
+
 -- name: server_version
 -- The server's version, as a number to compare (170000 is 17.0) and as text.
 SELECT current_setting('server_version_num')::integer AS version,
