@@ -18,7 +18,7 @@ test *args: lint packages
 
 # Debian packages the tests use, apt-get installed when missing (if run as root): Chromium
 # for tests/browser, systemd's systemd-analyze for the unit's verification, PgBouncer for
-# the service behind a transaction-mode pool
+# the service behind a transaction-mode pool, Prometheus's promtool for the alert rules' tests
 packages:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -26,6 +26,7 @@ packages:
     [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium fonts-liberation)
     command -v systemd-analyze >/dev/null || missing+=(systemd)
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || missing+=(pgbouncer)
+    command -v promtool >/dev/null || missing+=(prometheus)
     [ ${#missing[@]} -eq 0 ] && exit 0
     if [ "$(id -u)" != 0 ]; then
         echo "missing ${missing[*]}, so some tests will fail: sudo apt-get install ${missing[*]}"

@@ -5,12 +5,17 @@ every metric it names must be one a running service declares on /metrics: a rule
 names a metric nobody exports never fires, which no one notices until the outage it was
 for. Every alert must also say how bad it is, what happened, and where its runbook is in
 docs/operations.md; and the dashboard must show every metric the service declares.
+Prometheus's own rule engine (Debian's ``promtool``) checks the rules and runs their unit
+tests, ``alerts.test.yaml``: each alert fires on the series it is for, with its labels and
+words, and stays quiet before its ``for`` and where all is well.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections import defaultdict
 from typing import Any
 
@@ -20,6 +25,8 @@ import yaml
 from tests.support import ROOT, Services
 
 RULES = ROOT / "config" / "prometheus" / "alerts.yaml"
+RULE_TESTS = RULES.with_name("alerts.test.yaml")
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 DASHBOARD = ROOT / "config" / "grafana" / "registry-coordinator.json"
 OPERATIONS = ROOT / "docs" / "operations.md"
 RUNBOOK = "docs/operations.md#"
@@ -125,6 +132,30 @@ def anchors(markdown: str) -> list[str]:
         found.append(f"{slug}-{times[slug]}" if times[slug] else slug)
         times[slug] += 1
     return found
+
+
+def promtool(*args: str) -> str:
+    """What Prometheus's promtool printed, having succeeded."""
+    done = subprocess.run(
+        [PROMTOOL, *args], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_prometheus_checks_the_rules_and_their_unit_tests_pass() -> None:
+    assert f"SUCCESS: {len(alerts())} rules found" in promtool("check", "rules", str(RULES))
+    assert "SUCCESS" in promtool("test", "rules", str(RULE_TESTS))
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    tested_alerts = {case["alertname"] for test in tests for case in test["alert_rule_test"]}
+    assert tested_alerts == {rule["alert"] for rule in alerts()}  # every alert has a test
+    firing = {
+        case["alertname"]
+        for test in tests
+        for case in test["alert_rule_test"]
+        if case["exp_alerts"]
+    }
+    assert firing == tested_alerts  # and every one is seen to fire
 
 
 def test_every_alert_says_how_bad_what_happened_and_where_its_runbook_is() -> None:
