@@ -15,7 +15,7 @@ from tests.support import admit, database
 @pytest.mark.trio
 async def test_a_database_that_answers_is_ready_and_counts_its_active_runs(dsn: str) -> None:
     async with database(dsn) as db:
-        assert await health.database(db) == {"ok": True}
+        assert await health.database(db) == {"ok": True, "pooler": "none"}
         assert await health.runs_now(db) == health.Runs(dict.fromkeys(health.ACTIVE, 0), 0)
         await admit(db, "timed-choice", {"answer": "no"})
         now = await health.runs_now(db)
@@ -39,6 +39,7 @@ async def test_a_database_that_does_not_answer_in_time_is_not_ready(
     assert await health.database(never) == {
         "ok": False,
         "detail": f"no answer within {health.PATIENCE} s",
+        "pooler": "none",
     }
     assert await health.runs_now(never) is None
     assert trio.current_time() - started == pytest.approx(2 * health.PATIENCE)

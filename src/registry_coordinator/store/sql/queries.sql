@@ -966,6 +966,7 @@ LIMIT %(limit)s;
 
 -- name: retention_lock
 -- Become the one process archiving now, until this transaction ends, unless another is.
+--
 -- A transaction's lock, not a session's: behind a pooler in transaction mode a session's
 -- lock would stay with a server session that other clients are then given.
 SELECT pg_try_advisory_xact_lock(hashtext('registry-coordinator.retention')) AS locked;
