@@ -33,6 +33,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import httpx
 import trio
@@ -132,12 +133,12 @@ async def open_database(
     transaction mode that the file does not declare (``store.poolers``)."""
     async with open_database_unchecked(config.database, application_name, size) as db:
         version = await check_server(db)
-        log.info("database session: %s", await poolers.judge(db, config.database))
+        pooler = await poolers.judge(db, config.database)
         if config.database.embedded is not None:
             for migration in await migrate(db):
                 log.info("applied schema migration %04d %s", migration.version, migration.name)
         await require_current(db)
-        log.info("database ready: PostgreSQL %s", version)
+        log.info("database ready: PostgreSQL %s; %s", version, pooler)
         yield db
 
 
@@ -220,13 +221,7 @@ async def _supervise(
     app = create_app(context, config.request_body_limit, without=ADMIN if config.admin else ())
     systemd = Notifier()
     systemd.status("starting")
-    http = HypercornConfig()
-    http.bind = list(seat.binds)
-    if config.tls is not None:  # every bind serves HTTPS (hypercorn wraps each socket)
-        http.certfile, http.keyfile = str(config.tls.certificate), str(config.tls.key)
-    http.accesslog = None
-    http.errorlog = logging.getLogger("hypercorn.error")
-    http.graceful_timeout = config.engine.shutdown_grace.total_seconds()
+    http = _public_listener(config, seat)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(listener.run)
@@ -246,9 +241,7 @@ async def _supervise(
             bound = await nursery.start(hypercorn_serve, app, http)
             log.info("listening on %s", " ".join(bound))
             if config.admin is not None:
-                admin = HypercornConfig()
-                admin.bind = [f"{config.admin[0]}:{config.admin[1]}"]
-                admin.accesslog, admin.errorlog = None, http.errorlog
+                admin = _listener([f"{config.admin[0]}:{config.admin[1]}"])
                 served = await nursery.start(hypercorn_serve, create_admin_app(context), admin)
                 log.info("serving /health, /ready and /metrics on %s", " ".join(served))
             # What startup made (modules, schemas, compiled expressions) lives as long as
@@ -261,15 +254,12 @@ async def _supervise(
             if not listener.connected:
                 systemd.status("waiting for the database listener")
                 await listener.first_connected.wait()
-            systemd.send(
-                "READY=1",
-                f"STATUS=ready: {' '.join(bound)}, "
-                + (
-                    f"{config.engine.workers} workers, {len(workflows.pinned)} workflows"
-                    if recovery is None
-                    else "operators only (recovery)"
-                ),
+            serving = (
+                f"{config.engine.workers} workers, {len(workflows.pinned)} workflows"
+                if recovery is None
+                else "operators only (recovery)"
             )
+            systemd.send("READY=1", f"STATUS=ready: {' '.join(bound)}, {serving}")
             stop = trio.Event()
             nursery.start_soon(_until_signalled, signals, stop)
             if seat.supervisor is not None:
@@ -277,16 +267,39 @@ async def _supervise(
             await stop.wait()
             context.stopping.set()  # no new runs are admitted (503 service.stopping)
             systemd.send("STOPPING=1", "STATUS=stopping: finishing calls in flight")
-            # Stop claiming; workers finish the step they are on. Calls in flight get
-            # the grace period, then are cancelled and recorded as uncertain.
             if recovery is None:
-                engine.stop()
-                grace = config.engine.shutdown_grace
-                with trio.move_on_after(grace.total_seconds()):
-                    await engine.stopped.wait()
-                await engine.calls.drain(grace)
+                await _drain(engine, config.engine.shutdown_grace)
             nursery.cancel_scope.cancel()
     systemd.close()
+
+
+def _listener(binds: list[str]) -> HypercornConfig:
+    """A hypercorn listener on ``binds``: its errors in our log, no access log of its own
+    (``registry_coordinator.access`` has one line per request)."""
+    listener = HypercornConfig()
+    listener.bind = binds
+    listener.accesslog = None
+    listener.errorlog = logging.getLogger("hypercorn.error")
+    return listener
+
+
+def _public_listener(config: Config, seat: Seat) -> HypercornConfig:
+    """The API's listener on the seat's binds, HTTPS on each with ``listen.tls``, giving
+    requests in progress the shutdown grace."""
+    http = _listener(list(seat.binds))
+    if config.tls is not None:  # every bind serves HTTPS (hypercorn wraps each socket)
+        http.certfile, http.keyfile = str(config.tls.certificate), str(config.tls.key)
+    http.graceful_timeout = config.engine.shutdown_grace.total_seconds()
+    return http
+
+
+async def _drain(engine: Engine, grace: timedelta) -> None:
+    """Stop claiming; workers finish the step they are on. Calls in flight get the grace
+    period, then are cancelled and recorded as uncertain."""
+    engine.stop()
+    with trio.move_on_after(grace.total_seconds()):
+        await engine.stopped.wait()
+    await engine.calls.drain(grace)
 
 
 async def _until_signalled(signals: AsyncIterator[int], stop: trio.Event) -> None:
