@@ -168,6 +168,27 @@ def test_database_needs_exactly_one_of_dsn_and_embedded(tmp_path: Path) -> None:
     assert load_config(path).database.embedded == tmp_path / "d"
 
 
+def test_a_pooler_is_declared_with_a_session_dsn_and_never_for_the_embedded_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "config.yaml"
+    tail = "workflows: []\nauth: {mode: none}\n"
+    dsn = "dsn: 'postgresql://app@pgbouncer:6432/pooled'"
+    session = "sessionDsn: 'postgresql://app@db:5432/c'"
+    path.write_text(f"database:\n  {dsn}\n  pooler: transaction\n  {session}\n{tail}")
+    database = load_config(path).database
+    assert (database.pooler, database.listen_dsn) == ("transaction", "postgresql://app@db:5432/c")
+    path.write_text(f"database:\n  {dsn}\n{tail}")
+    database = load_config(path).database
+    assert (database.pooler, database.listen_dsn) == ("none", database.dsn)
+    path.write_text(f"database:\n  {dsn}\n  pooler: transaction\n{tail}")
+    assert refused(path) == [("config.invalid-value", 3)]  # no sessionDsn: said at pooler
+    path.write_text(f"database:\n  {dsn}\n  pooler: statement\n  {session}\n{tail}")
+    assert refused(path) == [("config.invalid-value", 3)]
+    path.write_text(f"database:\n  embedded: {{dataDirectory: d}}\n  {session}\n{tail}")
+    assert refused(path) == [("config.invalid-value", 3)]
+
+
 def test_cli_refuses_a_bad_configuration_with_exit_1(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("database: [\n")
