@@ -177,10 +177,10 @@ def test_a_pooler_is_declared_with_a_session_dsn_and_never_for_the_embedded_one(
     session = "sessionDsn: 'postgresql://app@db:5432/c'"
     path.write_text(f"database:\n  {dsn}\n  pooler: transaction\n  {session}\n{tail}")
     database = load_config(path).database
-    assert (database.pooler, database.listen_dsn) == ("transaction", "postgresql://app@db:5432/c")
+    assert (database.pooler, database.session_dsn) == ("transaction", "postgresql://app@db:5432/c")
     path.write_text(f"database:\n  {dsn}\n{tail}")
     database = load_config(path).database
-    assert (database.pooler, database.listen_dsn) == ("none", database.dsn)
+    assert (database.pooler, database.session_dsn) == ("none", None)
     path.write_text(f"database:\n  {dsn}\n  pooler: transaction\n{tail}")
     assert refused(path) == [("config.invalid-value", 3)]  # no sessionDsn: said at pooler
     path.write_text(f"database:\n  {dsn}\n  pooler: statement\n  {session}\n{tail}")

@@ -130,3 +130,15 @@ def test_a_declared_pooler_needs_a_session_dsn(tmp_path: Path) -> None:
     refused = coordinator("serve", "--config", config)
     assert refused.returncode == 1
     assert "database.sessionDsn" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_an_unreachable_session_dsn_is_said_in_one_line(
+    pgbouncer: PgBouncer, tmp_path: Path
+) -> None:
+    nowhere = "postgresql://postgres@127.0.0.1:1/session"
+    section = pooled(pgbouncer, tmp_path, pooler="transaction", sessionDsn=nowhere)
+    config = write_config(tmp_path, pgbouncer.transaction, ["chain"], extra=section)
+    refused = coordinator("serve", "--config", config)
+    assert refused.returncode == 3, refused.stderr  # unavailable now: systemd tries again
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "database.sessionDsn" in lines[0], refused.stderr

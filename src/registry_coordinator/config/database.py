@@ -76,11 +76,6 @@ class DatabaseConfig:
     #: pooler's session-mode pool); None: ``dsn``. Needed with ``pooler: transaction``.
     session_dsn: str | None = field(default=None, repr=False)
 
-    @property
-    def listen_dsn(self) -> str | None:
-        """The connection string LISTEN connects with (None in embedded mode)."""
-        return self.session_dsn or self.dsn
-
 
 def read_database(reader: Reader, value: JSON, base: Path) -> DatabaseConfig | None:
     path: DataPath = ("database",)

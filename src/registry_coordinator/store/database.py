@@ -371,6 +371,14 @@ class Database:
         prepare = self.pooler != "transaction"
         return await _TrioConnection.open(dsn, self.application_name, prepare=prepare)
 
+    async def outside(self, dsn: str) -> Connection:
+        """A connection of this database's kind to ``dsn``, outside the pool, for a probe:
+        refused (:class:`ConnectionRefused`) or unavailable as a start's connections are."""
+        try:
+            return Connection(await self.session(dsn))
+        except psycopg.OperationalError as exc:
+            raise _connect_error(exc) from None
+
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """Check out a connection, replaced first if it broke or the server closed it; it

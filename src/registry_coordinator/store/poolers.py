@@ -9,19 +9,24 @@ on ``database.sessionDsn``, since a listening session handed to another client h
 nothing for this one. Undeclared, such a pooler shows as a log full of ``prepared
 statement "_pg3_0" already exists`` and wake-ups lost, so it is refused in one line.
 
-The probe: connection A asks which session it runs in; B then opens a transaction and asks
-too, holding its session; A asks again. Directly, or through a pool in session mode, each
-connection has one session of its own: B's differs from A's, and A's stays. Through a pool
-in transaction mode, B is given the session A just let go (PgBouncer reuses the most recent
-one), or A must take another while B holds its old one: either shows it. Nothing is
-written.
+The probe: connection A asks which session it runs in, then B, then A again, each in a
+statement of its own (nothing is held, so a pool of one server session answers too).
+Directly, or through a pool in session mode, each connection has one session of its own:
+B's differs from A's, and A's stays. Through a pool in transaction mode, B is given the
+session A just let go (PgBouncer reuses the most recent one), or, handing sessions round in
+turn, A is given another: either shows it. Nothing is written.
 """
 
 from __future__ import annotations
 
 from registry_coordinator.config import DatabaseConfig
 from registry_coordinator.errors import CoordinatorError
-from registry_coordinator.store.database import Connection, Database
+from registry_coordinator.store.database import (
+    Connection,
+    ConnectionRefused,
+    Database,
+    Unavailable,
+)
 
 REPAIR = (
     "set database.pooler: transaction, and database.sessionDsn to PostgreSQL directly or to "
@@ -43,25 +48,29 @@ class PoolerRefused(CoordinatorError):
 
 async def transaction_pooled(db: Database, dsn: str) -> bool:
     """Whether ``dsn``'s connections change PostgreSQL sessions between transactions."""
-    first = Connection(await db.session(dsn))
+    first = await db.outside(dsn)
     try:
-        second = Connection(await db.session(dsn))
+        second = await db.outside(dsn)
         try:
-            before = await _pid(first)
-            async with second.transaction():
-                held = await _pid(second)
-                after = await _pid(first)
+            before, other, after = await _pid(first), await _pid(second), await _pid(first)
         finally:
             second.raw.close_now()
     finally:
         first.raw.close_now()
-    return held == before or after != before
+    return after != before or other in (before, after)
 
 
 async def _pid(conn: Connection) -> int:
     row = await conn.row("backend_pid")
     assert row is not None
     return int(row["pid"])
+
+
+async def _session_pooled(db: Database, dsn: str) -> bool:
+    try:
+        return await transaction_pooled(db, dsn)
+    except (ConnectionRefused, Unavailable) as exc:  # said of the field it comes from
+        raise type(exc)(f"database.sessionDsn: {exc}") from None
 
 
 async def judge(db: Database, database: DatabaseConfig) -> str:
@@ -76,7 +85,7 @@ async def judge(db: Database, database: DatabaseConfig) -> str:
             "connection's transactions ran in different PostgreSQL sessions)",
             REPAIR,
         )
-    if database.session_dsn is not None and await transaction_pooled(db, database.session_dsn):
+    if database.session_dsn is not None and await _session_pooled(db, database.session_dsn):
         raise PoolerRefused(
             "database.sessionDsn leads through a pooler in transaction mode, where LISTEN "
             "hears nothing",
