@@ -300,7 +300,11 @@ def test_the_runs_a_batch_starts_run_to_their_end_in_the_callers_trace(batches: 
         traces = conn.execute(
             "SELECT DISTINCT traceparent FROM runs WHERE start_key LIKE %s", (f"{prefix}%",)
         ).fetchall()
-    assert traces == [{"traceparent": CALLER_TRACE}]
+    (kept,) = [t["traceparent"] for t in traces]
+    version, trace_id, span_id, flags = kept.split("-")
+    _, caller_trace, caller_span, _ = CALLER_TRACE.split("-")
+    assert (version, trace_id, flags) == ("00", caller_trace, "01")
+    assert span_id != caller_span  # the batch request's span, a child of the caller's
 
 
 @pytest.mark.trio

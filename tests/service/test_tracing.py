@@ -188,24 +188,54 @@ def names(spans: list[ReadableSpan]) -> list[tuple[str, object]]:
     return [(s.name, s.attributes and s.attributes["coordinator.step.outcome"]) for s in spans]
 
 
+def served(spans: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    """The server spans of the requests ``name`` (method and route), in the order they began."""
+    return sorted(
+        (s for s in spans.get_finished_spans() if s.kind is SpanKind.SERVER and s.name == name),
+        key=lambda s: s.start_time or 0,
+    )
+
+
+def kept(span: ReadableSpan) -> str:
+    """The traceparent of ``span``, as a run it is the root of keeps it."""
+    assert span.context is not None
+    return f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+
+
+def children(taken: list[ReadableSpan], of: ReadableSpan) -> None:
+    """Every span of ``taken`` is a child of ``of``, in its trace."""
+    assert of.context is not None and taken
+    for span in taken:
+        assert span.context is not None and span.parent is not None
+        assert span.context.trace_id == of.context.trace_id
+        assert span.parent.span_id == of.context.span_id
+
+
 @pytest.mark.trio
 async def test_a_run_started_in_a_callers_trace_continues_it(
     services: Services, tmp_path: Path
 ) -> None:
-    """Every step span is in the caller's trace, a child of the caller's span (remote),
-    with the step's id, type, attempt and outcome."""
+    """The start request's server span is a child of the caller's span (remote), and every
+    step span a child of that request's span, with the step's id, type, attempt and
+    outcome: the run's trace has one root below the caller's."""
     config = services.configure([workflow(tmp_path / "wf", BRIEF)], extra=ON)
     spans = InMemorySpanExporter()
     async with serving(config, spans) as running:
         run = await running.start("brief", {"answer": "no"}, {"traceparent": CALLER})
         await running.wait_state(run, RunState.FINISHED)
+    (request,) = served(spans, "POST /v1/runs")
+    assert request.context is not None and request.parent is not None
+    assert f"{request.context.trace_id:032x}" == CALLER_TRACE
+    assert f"{request.parent.span_id:016x}" == CALLER_SPAN
+    assert request.parent.is_remote
+    assert dict(request.attributes or {}) == {
+        "http.request.method": "POST",
+        "http.route": "/v1/runs",
+        "http.response.status_code": 201,
+    }
     taken = steps(spans, run)
     assert names(taken) == [("step route", "step-completed"), ("step said_no", "finished")]
-    for span in taken:
-        assert span.context is not None and span.parent is not None
-        assert f"{span.context.trace_id:032x}" == CALLER_TRACE
-        assert f"{span.parent.span_id:016x}" == CALLER_SPAN
-        assert span.parent.is_remote
+    children(taken, request)
     route, said_no = (dict(s.attributes or {}) for s in taken)
     assert route == {
         "coordinator.run.id": run,
@@ -217,15 +247,16 @@ async def test_a_run_started_in_a_callers_trace_continues_it(
     }
     assert said_no["coordinator.step.type"] == "finish"
     assert said_no["coordinator.run.outcome"] == "no"
-    assert run_state(services.dsn, run)["traceparent"] == CALLER
+    assert run_state(services.dsn, run)["traceparent"] == kept(request)
 
 
 @pytest.mark.trio
 async def test_a_run_outside_any_trace_is_traced_by_its_run_id_across_a_restart(
     services: Services, tmp_path: Path
 ) -> None:
-    """The run's first step is taken by one service, its next by another started after
-    it stopped; all are root spans of one trace, whose id is the run id."""
+    """The run's start request is the root of a trace whose id is the run id; the run's
+    first step is taken by one service, its next by another started after it stopped,
+    and every step span is a child of that one root."""
     config = services.configure([workflow(tmp_path / "wf", OVERNIGHT)], extra=ON)
     before, after = InMemorySpanExporter(), InMemorySpanExporter()
     async with serving(config, before) as running:
@@ -243,10 +274,10 @@ async def test_a_run_outside_any_trace_is_traced_by_its_run_id_across_a_restart(
         ("step morning", "step-completed"),
         ("step done", "finished"),
     ]
-    for span in steps(before, run) + steps(after, run):
-        assert span.context is not None
-        assert span.context.trace_id == uuid.UUID(run).int
-        assert span.parent is None
+    (request,) = served(before, "POST /v1/runs")
+    assert request.parent is None and request.context is not None
+    assert request.context.trace_id == uuid.UUID(run).int
+    children(steps(before, run) + steps(after, run), request)
 
 
 @pytest.mark.trio
@@ -278,11 +309,97 @@ async def test_an_invalid_traceparent_is_ignored_and_the_run_starts(
             runs.append(str(response.json()["id"]))
         for run in runs:
             await running.wait_state(run, RunState.FINISHED)
-    for run in runs:
-        assert run_state(services.dsn, run)["traceparent"] is None
+    requests = served(spans, "POST /v1/runs")
+    assert [r.context and r.context.trace_id for r in requests] == [uuid.UUID(r).int for r in runs]
+    assert [r.parent for r in requests] == [None] * len(runs)
+    for run, request in zip(runs, requests, strict=True):
+        assert run_state(services.dsn, run)["traceparent"] == kept(request)
         taken = steps(spans, run)
         assert names(taken) == [("step route", "step-completed"), ("step said_yes", "finished")]
-        assert {s.context and s.context.trace_id for s in taken} == {uuid.UUID(run).int}
+        children(taken, request)
+
+
+@pytest.mark.trio
+async def test_each_run_a_batch_creates_outside_a_trace_has_a_root_of_its_own(
+    services: Services, tmp_path: Path
+) -> None:
+    """One request cannot be the root of many traces: each run the batch creates gets a
+    ``run admitted`` span, the root of a trace whose id is its run id, linked to the
+    batch's request span, and its steps are children of it. The same batch sent again
+    creates nothing, and no span says it did."""
+    config = services.configure([workflow(tmp_path / "wf", BRIEF)], extra=ON)
+    spans = InMemorySpanExporter()
+    prefix = uuid.uuid4().hex[:8]
+    batch = {
+        "starts": [
+            {"key": f"{prefix}-{n}", "workflow": "brief", "input": {"answer": answer}}
+            for n, answer in enumerate(["yes", "no"])
+        ]
+    }
+    async with serving(config, spans) as running:
+        first = await running.http.post("/v1/runs:batch", json=batch)
+        again = await running.http.post("/v1/runs:batch", json=batch)
+        assert first.status_code == again.status_code == 200, first.text
+        assert [r["status"] for r in first.json()["results"]] == [201, 201]
+        assert [r["status"] for r in again.json()["results"]] == [200, 200]
+        runs = [str(r["run"]["id"]) for r in first.json()["results"]]
+        for run in runs:
+            await running.wait_state(run, RunState.FINISHED)
+    requests = served(spans, "POST /v1/runs:batch")
+    assert [r.parent for r in requests] == [None, None]
+    roots = sorted(
+        (s for s in spans.get_finished_spans() if s.name == "run admitted"),
+        key=lambda s: str((s.attributes or {})["coordinator.run.id"]),
+    )
+    assert [(s.attributes or {})["coordinator.run.id"] for s in roots] == sorted(runs)
+    for root in roots:
+        run = str((root.attributes or {})["coordinator.run.id"])
+        assert root.parent is None and root.context is not None
+        assert root.context.trace_id == uuid.UUID(run).int
+        assert [link.context for link in root.links] == [requests[0].context]
+        assert (root.attributes or {})["coordinator.workflow.id"] == "brief"
+        assert run_state(services.dsn, run)["traceparent"] == kept(root)
+        children(steps(spans, run), root)
+
+
+@pytest.mark.trio
+async def test_every_api_request_and_webhook_has_a_server_span_and_probes_none(
+    services: Services, tmp_path: Path
+) -> None:
+    """A read of a run, a webhook to a connection that takes none (refused: 404), a path
+    no route matches: each a server span, in the caller's trace where it sent one, with
+    its route's pattern (never its path) and status; the probes have none."""
+    config = services.configure([workflow(tmp_path / "wf", BRIEF)], extra=ON)
+    spans = InMemorySpanExporter()
+    async with serving(config, spans) as running:
+        run = await running.start("brief", {"answer": "no"})
+        assert (await running.http.get(f"/v1/runs/{run}")).status_code == 200
+        webhook = await running.http.post(
+            "/v1/results/nowhere", json={}, headers={"traceparent": CALLER}
+        )
+        assert webhook.status_code == 404
+        assert (await running.http.get("/nothing/here")).status_code == 404
+        assert (await running.http.get("/health")).status_code == 200
+        assert (await running.http.get("/metrics")).status_code == 200
+    servers = [s for s in spans.get_finished_spans() if s.kind is SpanKind.SERVER]
+    (read,) = served(spans, "GET /v1/runs/<run_id>")
+    assert dict(read.attributes or {}) == {
+        "http.request.method": "GET",
+        "http.route": "/v1/runs/<run_id>",
+        "http.response.status_code": 200,
+        "coordinator.run.id": run,
+    }
+    (delivered,) = served(spans, "POST /v1/results/<connection>")
+    assert delivered.parent is not None and f"{delivered.parent.span_id:016x}" == CALLER_SPAN
+    assert (delivered.attributes or {})["http.response.status_code"] == 404
+    (unrouted,) = served(spans, "GET")
+    assert dict(unrouted.attributes or {}) == {
+        "http.request.method": "GET",
+        "http.response.status_code": 404,
+    }
+    assert sorted(s.name for s in servers) == sorted(
+        ["POST /v1/runs", "GET /v1/runs/<run_id>", "POST /v1/results/<connection>", "GET"]
+    )
 
 
 @contextmanager
@@ -312,8 +429,8 @@ async def test_log_lines_inside_a_step_carry_its_trace_and_span_ids(
     services: Services, tmp_path: Path
 ) -> None:
     """The engine's line about a run that expired is logged in the span of the step it
-    expired at: the line names that span and its trace (the caller's); lines outside any
-    span name none."""
+    expired at: the line names that span and its trace (the caller's); the start's access
+    log line names the request's span; lines outside any span name none."""
     config = services.configure([workflow(tmp_path / "wf", LAPSE)], extra=ON)
     spans = InMemorySpanExporter()
     with json_lines() as lines:
@@ -329,6 +446,12 @@ async def test_log_lines_inside_a_step_carry_its_trace_and_span_ids(
     assert step.context is not None
     assert [(line["run"], line["trace_id"], line["span_id"]) for line in expired] == [
         (run, CALLER_TRACE, f"{step.context.span_id:016x}")
+    ]
+    (request,) = served(spans, "POST /v1/runs")
+    assert request.context is not None
+    started = [line for line in lines if line.get("route") == "/v1/runs"]
+    assert [(line["trace_id"], line["span_id"]) for line in started] == [
+        (CALLER_TRACE, f"{request.context.span_id:016x}")
     ]
     listening = [line for line in lines if line["message"].startswith("listening on")]
     assert len(listening) == 1

@@ -16,6 +16,7 @@ whole, and changes nothing; otherwise the starts admitted are admitted in one st
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import authenticated, body_json, json_response
+from registry_coordinator.observability import tracing
 from registry_coordinator.store import operator_actions
 from registry_coordinator.store.database import Database
 
@@ -144,12 +146,13 @@ async def start(
     caller: Caller,
     start_key: str | None,
     body: JSON,
-    traceparent: str | None = None,
+    serving: tracing.Serving = tracing.NO_SERVING,
 ) -> Started:
-    """Admit the run a start asks for, in the caller's trace context ``traceparent``
-    (checked: ``tracing.accepted``) if it was sent in one, or refuse it with a Problem."""
+    """Admit the run a start asks for, or refuse it with a Problem; a run created keeps
+    the trace context of the request's span (``serving``)."""
     key = _start_key(start_key)
     asked = _checked(workflows, caller, key, *_start_request(body))
+    run_id = uuid.uuid4()  # before the request's span: its trace may be the run's id
     try:
         admitted = await store.admit(
             db,
@@ -159,7 +162,8 @@ async def start(
             key,
             asked.run_input,
             asked.asked_version,
-            traceparent=traceparent,
+            run_id=run_id,
+            traceparent=serving.start(run_id),
         )
     except (store.AdmissionHeld, store.StartArchived, store.KeyReused) as refused:
         raise _refusal(refused) from None
@@ -222,11 +226,11 @@ async def start_batch(
     timer: Timer,
     caller: Caller,
     body: JSON,
-    traceparent: str | None = None,
+    serving: tracing.Serving = tracing.NO_SERVING,
 ) -> list[tuple[str, Started | Problem]]:
-    """Admit the starts of a batch, as :func:`start` admits one, the runs all in the
-    caller's trace context ``traceparent``: each start's key and its run or its refusal,
-    in order. A caller no policy lets start anything, or a body that is not a batch, is
+    """Admit the starts of a batch, as :func:`start` admits one, each run created keeping
+    a trace context of the request's (``serving``): each start's key and its run or its
+    refusal, in order. A caller no policy lets start anything, or a body that is not a batch, is
     refused whole (a Problem raised)."""
     caller.require("start")
     results: dict[str, Started | Problem] = {}
@@ -238,9 +242,12 @@ async def start_batch(
         except Problem as refusal:
             results[key] = refusal
     if admissible:
-        outcomes = await store.admit_many(db, caller.client, admissible, traceparent)
+        ids = [uuid.uuid4() for _ in admissible]
+        outcomes = await store.admit_many(db, caller.client, admissible, ids, serving.starts(ids))
         for each, outcome in zip(admissible, outcomes, strict=True):
             if isinstance(outcome, store.Admitted):
+                if outcome.created:
+                    serving.admitted(outcome.run_id, each.definition.id)
                 results[each.start_key] = _started(outcome)
             else:
                 results[each.start_key] = _refusal(outcome)

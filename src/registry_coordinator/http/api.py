@@ -25,9 +25,9 @@ from registry_coordinator.http import admission, deliveries, probes, runs
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body
+from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body, serving
 from registry_coordinator.http.routing import Handler, Route, bound, route
-from registry_coordinator.observability import logs
+from registry_coordinator.observability import logs, tracing
 from registry_coordinator.store.database import Unavailable
 
 __all__ = [
@@ -105,22 +105,26 @@ def create_admin_app(context: Context) -> QuartTrio:
     return app
 
 
-#: Routes not in the access log: the probes machines ask every few seconds, and the
-#: console's static files.
+#: Routes neither in the access log nor traced: the probes machines ask every few
+#: seconds, and the console's static files.
 UNLOGGED = ("/health", "/ready", "/metrics", "/console/assets/<version>/<path:name>")
 
 
 async def _started() -> None:
     g.started = time.perf_counter()
+    rule = request.url_rule.rule if request.url_rule is not None else None
+    if rule not in UNLOGGED:
+        g.serving = tracing.serving(request.method, rule, request.headers)
 
 
 async def _served(response: Response) -> Response:
-    """The access log's line of a request as answered."""
+    """The access log's line of a request as answered, inside the request's span."""
     rule = request.url_rule.rule if request.url_rule is not None else "(no route)"
     if rule not in UNLOGGED:
         took = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
         run = (request.view_args or {}).get("run_id")
-        logs.request(request.method, rule, response.status_code, g.get("caller"), run, took)
+        with serving().answered(response.status_code, run):
+            logs.request(request.method, rule, response.status_code, g.get("caller"), run, took)
     return response
 
 

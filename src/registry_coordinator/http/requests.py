@@ -22,6 +22,7 @@ from registry_coordinator.authoring.expressions import format_instant, parse_ins
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.observability import tracing
 
 PROBLEM_TYPE = "https://registrystack.org/problems/coordinator/"
 #: Seconds a client is asked to wait before trying again a request refused with 503: about
@@ -88,6 +89,12 @@ async def authenticated(context: Context) -> Caller:
     caller = await context.auth.authenticate(request.headers.get("Authorization"))
     g.caller = caller.actor
     return caller
+
+
+def serving() -> tracing.Serving:
+    """The server span of the request being served (made as it is answered)."""
+    made: tracing.Serving = g.get("serving", tracing.NO_SERVING)
+    return made
 
 
 def _require_json(raw: bytes) -> None:

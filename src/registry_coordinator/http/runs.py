@@ -33,8 +33,9 @@ from registry_coordinator.http.requests import (
     json_response,
     next_cursor,
     problem_body,
+    serving,
 )
-from registry_coordinator.observability import logs, tracing
+from registry_coordinator.observability import logs
 from registry_coordinator.semantics.codes import RunState
 
 #: What a listing lists: live runs, or archived ones.
@@ -130,8 +131,8 @@ def _refuse_if_stopping(context: Context) -> None:
 async def start(context: Context) -> Response:
     """Admit a run (201), or find the one this Idempotency-Key started (200), answering
     with its status as it stood then (one statement for a run created). Not while the
-    process shuts down. Sent inside a trace (W3C ``traceparent``, with tracing on), the
-    run continues it; an invalid one is ignored, as W3C Trace Context asks."""
+    process shuts down. With tracing on, the run's spans are children of this request's,
+    which continues the caller's trace (W3C ``traceparent``) if it was sent in one."""
     who = await authenticated(context)
     body = await body_json()
     _refuse_if_stopping(context)
@@ -142,7 +143,7 @@ async def start(context: Context) -> Response:
         who,
         request.headers.get("Idempotency-Key"),
         body,
-        tracing.accepted(request.headers),
+        serving(),
     )
     if started.created:
         context.metrics.runs_started.labels(started.run.workflow_id).inc()
@@ -167,7 +168,7 @@ async def start_batch(context: Context) -> Response:
         context.timer,
         who,
         body,
-        tracing.accepted(request.headers),
+        serving(),
     )
     results: list[JSON] = []
     for key, outcome in started:

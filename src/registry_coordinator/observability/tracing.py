@@ -5,15 +5,25 @@ A run lives for weeks and is taken up by whichever process claims it next, so it
 have one span open for its life, and no process remembers it between steps. Every span
 of a run is placed from what the run itself carries:
 
-- started inside a caller's trace (a valid ``traceparent`` on ``POST /v1/runs``), the
-  run keeps that context (``runs.traceparent``, schema 11), and each of its step spans
-  is a child of the caller's span, in the caller's trace, whichever process makes it;
+- the request that starts a run has a server span (:func:`serving`), and the run keeps
+  that span's context (``runs.traceparent``, schema 11): each of its step spans, whichever
+  process makes it and however much later, is a child of the request that started it,
+  so a run's trace has one root;
+- started inside a caller's trace (a valid ``traceparent``), that request span is a child
+  of the caller's span, in the caller's trace;
 - started outside any trace, its trace id *is* its run id (the UUID's 128 bits, the same
-  32 hex digits without the dashes). Every process derives it again at every step, so
-  the run's spans meet in one trace without anything stored, and an operator holding a
-  run id holds its trace id. Each step span is then a root: no span stands for the run
-  as a whole, so none is made up for the steps to point at (a parent that is never sent
-  would show in every trace viewer as a span gone missing).
+  32 hex digits without the dashes): the run's id is chosen before its request's span,
+  and an operator holding a run id holds its trace id. A batch start outside any trace
+  cannot be the root of each run's own trace, so each run it creates gets a span of its
+  own (``run admitted``, linked to the batch's request span) as that root;
+- a run with no context kept (started with tracing off, or before schema 11) is traced
+  by its run id, each of its step spans a root.
+
+Every API request and webhook gets a server span (not the probes machines ask every few
+seconds, nor the console's static files: those the access log leaves out too), made as
+it is answered with its start at the request's arrival: made then, its ids can be chosen
+first and kept by the runs it starts before it exists, and no span is left open should
+the request never be answered. The access log line is written inside it.
 
 A product call or result read is a child of the step span that handed it to its pool
 (the call task inherits the step's context), and sends its own context to the product
@@ -22,9 +32,9 @@ the finish after it) get a span each, at the instant of the commit.
 
 Off (the default), nothing here costs anything measurable: no SDK provider exists, the
 functions the hot path calls test one attribute and hand back shared objects that do
-nothing (no span, no allocation), and a start request's ``traceparent`` is not even
-read. On without an endpoint, spans are made and not sent: the JSON logs carry their
-ids, and products receive the context. With an endpoint, a batch processor sends them
+nothing (no span, no allocation), and a request's ``traceparent`` is not even read. On
+without an endpoint, spans are made and not sent: the JSON logs carry their ids, and
+products receive the context. With an endpoint, a batch processor sends them
 over OTLP/HTTP (the ``otlp`` extra, imported only then) from the SDK's own thread; the
 service flushes it when it stops, within :data:`FLUSH_SECONDS`.
 
@@ -38,6 +48,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar, Token
@@ -91,6 +102,8 @@ OTLP_EXPORTER = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
 _PROPAGATOR = TraceContextTextMapPropagator()
 #: The trace id a span about to start takes if it has no parent: its run's id.
 _RUN_TRACE: ContextVar[int] = ContextVar("coordinator_run_trace", default=0)
+#: The span id a span about to start takes when it was chosen before (0: a new one).
+_SPAN_ID: ContextVar[int] = ContextVar("coordinator_span_id", default=0)
 #: No headers: what a request carries with tracing off (a default for senders).
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
@@ -108,7 +121,11 @@ class _Active:
 
 
 class _RunTraceIds(RandomIdGenerator):
-    """Random ids, except the trace id of a span with no parent: its run's id."""
+    """Random ids, except the trace id of a span with no parent (its run's id) and a span
+    id chosen before its span (one a run keeps before its request's span is made)."""
+
+    def generate_span_id(self) -> int:
+        return _SPAN_ID.get() or super().generate_span_id()
 
     def generate_trace_id(self) -> int:
         return _RUN_TRACE.get() or super().generate_trace_id()
@@ -176,26 +193,163 @@ class _Headers(Protocol):
     def getlist(self, key: str) -> list[str]: ...
 
 
-def accepted(headers: _Headers) -> str | None:
-    """The trace context a start request was sent in, for its run to keep (version 00);
-    None when tracing is off (the header is not read), when there is none, or when it is
-    not one: W3C Trace Context has an invalid or repeated ``traceparent`` ignored, and the
-    run starts in a trace of its own."""
-    if _Active.tracer is None:
-        return None
+def _callers(headers: _Headers) -> Context | None:
+    """The trace context a request was sent in; None when there is none, or when it is not
+    one: W3C Trace Context has an invalid or repeated ``traceparent`` ignored (the
+    request is then a trace of its own), never refused."""
     values = headers.getlist("traceparent")
     if len(values) != 1:
         return None
-    parent = _remote(values[0])
-    if parent is None:
+    context = _PROPAGATOR.extract({"traceparent": values[0]})
+    parent = trace.get_current_span(context).get_span_context()
+    return context if parent.is_valid else None
+
+
+class Serving:
+    """The server span of one API request or webhook (:func:`serving`). This base class is
+    tracing off: shared by every request, it does nothing and keeps no context."""
+
+    __slots__ = ()
+
+    def start(self, run: uuid.UUID) -> str | None:
+        """The trace context the run this request starts keeps (``run`` its id, chosen
+        before): the request's span, in the caller's trace or in the run's own."""
         return None
-    return f"00-{parent.trace_id:032x}-{parent.span_id:016x}-{parent.trace_flags:02x}"
+
+    def starts(self, runs: Sequence[uuid.UUID]) -> list[str | None]:
+        """The trace context each run this batch starts keeps, as :meth:`start` for one;
+        outside a caller's trace, each run's own ``run admitted`` span."""
+        return [None] * len(runs)
+
+    def admitted(self, run: uuid.UUID, workflow: str) -> None:
+        """Say that the batch created the run with this id (a start found, not created,
+        has no span of its own)."""
+
+    def answered(self, status: int, run: str | None) -> _Block:
+        """Make the request's span, answered with ``status`` (about ``run``, if one), and
+        end it when the block is left: the block's log lines carry its ids."""
+        return _NO_BLOCK
 
 
-def _remote(traceparent: str) -> trace.SpanContext | None:
-    context = _PROPAGATOR.extract({"traceparent": traceparent})
-    span = trace.get_current_span(context).get_span_context()
-    return span if span.is_valid else None
+#: The request span of tracing off (a default for the functions that take one).
+NO_SERVING = Serving()
+
+
+class _TracedServing(Serving):
+    __slots__ = ("_at", "_attributes", "_caller", "_chosen", "_name", "_parent", "_runs", "_tracer")
+
+    def __init__(self, tracer: Tracer, method: str, route: str | None, headers: _Headers) -> None:
+        self._tracer = tracer
+        self._at = time.time_ns()
+        self._name = f"{method} {route}" if route is not None else method
+        self._attributes: dict[str, str | int] = {"http.request.method": method}
+        if route is not None:
+            self._attributes["http.route"] = route
+        self._caller = _callers(headers)
+        self._parent = None
+        if self._caller is not None:
+            self._parent = trace.get_current_span(self._caller).get_span_context()
+        # The request span's ids once chosen: its trace id should it have no parent (0:
+        # a new one), its span id (0: a new one).
+        self._chosen = (0, 0)
+        self._runs: dict[uuid.UUID, tuple[int, str | None]] = {}  # run admitted: span, workflow
+
+    def _context(self, trace_id: int, span_id: int) -> str:
+        flags = trace.TraceFlags.SAMPLED if self._parent is None else self._parent.trace_flags
+        if self._parent is not None:
+            trace_id = self._parent.trace_id
+        return f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+
+    def _own(self, trace_id: int) -> str:
+        """The request span's context, its ids chosen now if not yet (its trace
+        ``trace_id``, unless it is in the caller's)."""
+        if self._chosen == (0, 0):
+            self._chosen = (trace_id, _ID_GENERATOR.generate_span_id())
+        return self._context(*self._chosen)
+
+    def start(self, run: uuid.UUID) -> str | None:
+        return self._own(run.int)
+
+    def starts(self, runs: Sequence[uuid.UUID]) -> list[str | None]:
+        if self._parent is not None:
+            return [self._own(0)] * len(runs)
+        self._own(_ID_GENERATOR.generate_trace_id())
+        kept: list[str | None] = []
+        for run in runs:
+            span = _ID_GENERATOR.generate_span_id()
+            self._runs[run] = (span, None)
+            kept.append(self._context(run.int, span))
+        return kept
+
+    def admitted(self, run: uuid.UUID, workflow: str) -> None:
+        if run in self._runs:
+            self._runs[run] = (self._runs[run][0], workflow)
+
+    def answered(self, status: int, run: str | None) -> _Block:
+        attributes = self._attributes | {"http.response.status_code": status}
+        if run is not None:
+            attributes["coordinator.run.id"] = run
+        span = _chosen(
+            self._tracer,
+            self._name,
+            self._caller or Context(),
+            self._chosen,
+            attributes,
+            SpanKind.SERVER,
+            self._at,
+        )
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, f"{status}"))
+            span.set_attribute("error.type", f"{status}")
+        request = (trace.Link(span.get_span_context()),)
+        for made, (chosen, workflow) in self._runs.items():
+            if workflow is None:
+                continue  # found, not created: the run has a root already
+            root = _chosen(
+                self._tracer,
+                "run admitted",
+                Context(),
+                (made.int, chosen),
+                {"coordinator.run.id": str(made), "coordinator.workflow.id": workflow},
+                SpanKind.INTERNAL,
+                self._at,
+                request,
+            )
+            root.end()
+        return _Current(span)
+
+
+_ID_GENERATOR = RandomIdGenerator()
+
+
+def _chosen(
+    tracer: Tracer,
+    name: str,
+    context: Context,
+    ids: tuple[int, int],
+    attributes: dict[str, str | int],
+    kind: SpanKind,
+    at: int,
+    links: Sequence[trace.Link] = (),
+) -> Span:
+    """A span whose ids were chosen before it (0: not chosen): the trace id where it has
+    no parent, and its span id."""
+    trace_id, span_id = ids
+    chosen = _RUN_TRACE.set(trace_id), _SPAN_ID.set(span_id)
+    try:
+        return tracer.start_span(name, context, kind, attributes, links, start_time=at)
+    finally:
+        _RUN_TRACE.reset(chosen[0])
+        _SPAN_ID.reset(chosen[1])
+
+
+def serving(method: str, route: str | None, headers: _Headers) -> Serving:
+    """The server span of a request that has just arrived (``route`` its pattern; None if
+    it matched none), made when it is answered; with tracing off, one that does nothing."""
+    tracer = _Active.tracer
+    if tracer is None:
+        return NO_SERVING
+    return _TracedServing(tracer, method, route, headers)
 
 
 def _origin(run: Claimed) -> tuple[Context, int]:
@@ -342,9 +496,10 @@ class StepSpan(_Block):
 
 
 _NO_STEP = StepSpan()
+_NO_BLOCK = _Block()
 
 
-class _Current:
+class _Current(_Block):
     """A span that is the current one while its block runs (log lines carry its ids,
     tasks started inside inherit it), and ends when the block is left."""
 

@@ -50,7 +50,7 @@ class Claimed:
     owner: str
     token: uuid.UUID  # this claim's lease token: every write is fenced on it
     dispatched: bool  # a call's request was sealed and may have left, with no outcome recorded
-    traceparent: str | None  # the W3C trace context the run was started in, if any
+    traceparent: str | None  # the trace context its spans continue: its start request's
     clock: tuple[datetime, float] = field(repr=False)  # database time at claim, trio time then
 
     @classmethod

@@ -192,17 +192,20 @@ async def admit(
     start_key: str,
     run_input: JSON,
     asked_version: str | None = None,
+    *,
+    run_id: uuid.UUID | None = None,
     traceparent: str | None = None,
 ) -> Admitted:
-    """Create a run due at once, or find the one this caller's key already started (even
-    while admission is held: that start was admitted before the hold); or raise why not,
-    as :func:`admit_many` says. ``traceparent`` is the caller's W3C trace context, already
-    checked: the run's spans continue it. One statement when the run is created (one
-    statement of a single row costs half what the batch's does for one), one more when not.
+    """Create a run due at once (its id ``run_id``, else a new one), or find the one this
+    caller's key already started (even while admission is held: that start was admitted
+    before the hold); or raise why not, as :func:`admit_many` says. ``traceparent`` is the
+    W3C trace context the run's spans continue (its request's span). One statement when
+    the run is created (one statement of a single row costs half what the batch's does for
+    one), one more when not.
     """
     started = start_digest(definition.id, asked_version, run_input)
     params = {
-        "id": uuid.uuid4(),
+        "id": run_id or uuid.uuid4(),
         "digest": digest,
         "workflow_id": definition.id,
         "caller": caller,
@@ -225,15 +228,20 @@ async def admit(
 
 
 async def admit_many(
-    db: Database, caller: str, starts: Sequence[Start], traceparent: str | None = None
+    db: Database,
+    caller: str,
+    starts: Sequence[Start],
+    ids: Sequence[uuid.UUID] | None = None,
+    traceparents: Sequence[str | None] | None = None,
 ) -> list[StartOutcome]:
     """Admit each start (their keys distinct) as :func:`admit` does one, in one statement
     that creates every run it can, and one read more only if some key was used before or
     admission is held: what became of each, in the order of ``starts``. A start this
     caller's key already started is that run (not created) if it is the same start, else
     :class:`KeyReused`; its archived run is :class:`StartArchived`; any other start, while
-    admission is held, is :class:`AdmissionHeld`. All the runs created share the caller's
-    trace context ``traceparent``."""
+    admission is held, is :class:`AdmissionHeld`. The run each start creates has the id
+    (else a new one) and keeps the trace context given for it in ``ids`` and
+    ``traceparents``, in the order of ``starts``."""
     asked = {
         start.start_key: start_digest(start.definition.id, start.asked_version, start.run_input)
         for start in starts
@@ -241,7 +249,8 @@ async def admit_many(
     assert len(asked) == len(starts), "each start of a batch has its own key"
     params = {
         "caller": caller,
-        "traceparent": traceparent,
+        "ids": list(ids) if ids is not None else [uuid.uuid4() for _ in starts],
+        "traceparents": list(traceparents) if traceparents is not None else [None] * len(starts),
         "digests": [start.digest for start in starts],
         "workflow_ids": [start.definition.id for start in starts],
         "start_keys": list(asked),

@@ -100,13 +100,14 @@ WITH gate AS MATERIALIZED (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
                       state, step, seq, due_at, admitted_at, deadline_at, updated_at,
                       traceparent)
-    SELECT gen_random_uuid(), s.digest, s.workflow_id, %(caller)s, s.start_key,
+    SELECT s.id, s.digest, s.workflow_id, %(caller)s, s.start_key,
            s.start_digest, s.input, 'running', s.step, 1, now(), now(), now() + s.deadline,
-           now(), %(traceparent)s
-    FROM unnest(%(digests)s::text[], %(workflow_ids)s::text[], %(start_keys)s::text[],
-                %(start_digests)s::text[], %(inputs)s::jsonb[], %(steps)s::text[],
-                %(deadlines)s::interval[])
-         AS s (digest, workflow_id, start_key, start_digest, input, step, deadline)
+           now(), s.traceparent
+    FROM unnest(%(ids)s::uuid[], %(digests)s::text[], %(workflow_ids)s::text[],
+                %(start_keys)s::text[], %(start_digests)s::text[], %(inputs)s::jsonb[],
+                %(steps)s::text[], %(deadlines)s::interval[], %(traceparents)s::text[])
+         AS s (id, digest, workflow_id, start_key, start_digest, input, step, deadline,
+               traceparent)
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
       AND NOT EXISTS (SELECT FROM archived_runs a  -- a key is remembered past archiving
                       WHERE a.caller = %(caller)s AND a.start_key = s.start_key)
