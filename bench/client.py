@@ -97,7 +97,7 @@ def _to_thread(dsn: str, count: int) -> float:
 
 def _service(dsn: str, count: int, tasks: int = 1) -> float:
     async def main() -> float:
-        db = await Database.open(dsn, tasks)
+        db = await Database(dsn, tasks).open()
 
         async def queries(n: int) -> None:
             for _ in range(n):

@@ -108,13 +108,13 @@ async def open_database_unchecked(
         dsn = await trio.to_thread.run_sync(embedded.start)
     assert dsn is not None
     try:
-        db = await Database.open(
+        db = await Database(
             dsn,
             size or database.pool_size,
             application_name,
             pooler=database.pooler,
             listen_dsn=database.session_dsn,
-        )
+        ).open()
         try:
             yield db
         finally:

@@ -173,7 +173,7 @@ async def test_a_checkpoint_that_loses_the_race_for_its_number_signs_in_the_next
     runs' heads end up signed, though only one of two inserts gets each number."""
     made = [uuid.UUID(run) for run in await _histories(dsn)]
     key = Ed25519PrivateKey.generate()
-    first, second = await Database.open(dsn, 2), await Database.open(dsn, 2)
+    first, second = await Database(dsn, 2).open(), await Database(dsn, 2).open()
     try:
         for seq in range(5, 25):
             with sync_connection(dsn) as conn:

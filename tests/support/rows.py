@@ -20,7 +20,7 @@ from tests.support.paths import TEST_WORKFLOWS
 @asynccontextmanager
 async def database(dsn: str, size: int = 2) -> AsyncIterator[Database]:
     """The store's own pool on a migrated database, for tests that drive it in-process."""
-    db = await Database.open(dsn, size)
+    db = await Database(dsn, size).open()
     try:
         await migrate_schema(db)
         yield db

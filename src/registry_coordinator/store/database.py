@@ -44,7 +44,7 @@ import select
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from importlib import resources
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, Self, TypeVar, cast
 
 import psycopg
 import trio
@@ -332,30 +332,20 @@ class Database:
         self.listen_dsn = listen_dsn or dsn
         self._send, self._receive = trio.open_memory_channel[Connection | None](size)
 
-    @classmethod
-    async def open(
-        cls,
-        dsn: str,
-        size: int,
-        application_name: str = "registry-coordinator",
-        *,
-        pooler: str = "none",
-        listen_dsn: str | None = None,
-    ) -> Database:
+    async def open(self) -> Self:
         """Connect the whole pool now, so an unreachable database stops startup, and one
         that refuses the connection stops it as refused (:class:`ConnectionRefused`)."""
-        database = cls(dsn, size, application_name, pooler=pooler, listen_dsn=listen_dsn)
         connected: list[Connection] = []
         try:
-            for _ in range(size):
-                connected.append(await database._connect(starting=True))
+            for _ in range(self.size):
+                connected.append(await self._connect(starting=True))
         except BaseException:
             for conn in connected:
                 conn.raw.close_now()
             raise
         for conn in connected:
-            database._send.send_nowait(conn)
-        return database
+            self._send.send_nowait(conn)
+        return self
 
     async def _connect(self, *, starting: bool = False) -> Connection:
         """A new connection. Replacing one of a running pool, every failure is an outage
