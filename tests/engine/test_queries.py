@@ -7,9 +7,18 @@ import ast
 import re
 from typing import Any, cast
 
+import psycopg
 import pytest
+import trio
+from psycopg.conninfo import make_conninfo
 
-from registry_coordinator.store.database import QUERIES, Connection, UnknownQuery, sync_connection
+from registry_coordinator.store.database import (
+    QUERIES,
+    Connection,
+    Database,
+    UnknownQuery,
+    sync_connection,
+)
 from tests.support import ROOT, database
 
 
@@ -96,3 +105,25 @@ def test_every_query_the_code_names_is_declared_and_every_declared_one_is_used()
         passed |= _names_passed(ast.parse(module.read_text(), str(module)))
     assert passed - set(QUERIES) == set(), "named but not declared in sql/queries.sql"
     assert set(QUERIES) - passed == set(), "declared in sql/queries.sql but never run"
+
+
+@pytest.mark.trio
+async def test_the_archivers_lock_outlives_a_short_idle_in_transaction_timeout(dsn: str) -> None:
+    """The archiver's lock is a transaction left idle while the batch runs on other
+    connections: a database's ``idle_in_transaction_session_timeout`` shorter than a batch
+    would end it, and with it the one-archiver rule. The lock's statement turns the timeout
+    off for its own transaction; any other transaction left idle as long is ended."""
+    short = make_conninfo(dsn, options="-c idle_in_transaction_session_timeout=50")
+    db = await Database(short, 2).open()
+    try:
+        async with db.connection() as other:
+            await other.raw.execute("BEGIN")
+            await trio.sleep(0.5)  # ten times the timeout: the session is ended meanwhile
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                await other.raw.execute("SELECT 1")
+        async with db.connection() as lock, lock.transaction():
+            assert await lock.row("retention_lock") == {"locked": True}
+            await trio.sleep(0.5)
+            assert await lock.row("retention_lock") == {"locked": True}  # held still
+    finally:
+        await db.close()

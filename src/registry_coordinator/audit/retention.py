@@ -95,7 +95,8 @@ async def archive_batch(
     assert retention.archive_after is not None and retention.directory is not None
     # The lock lasts a transaction that does nothing else (it holds no snapshot between
     # its statements, so it keeps nothing from vacuum); the batch's own statements run on
-    # other connections. Cancelled or failed, the rollback lets the lock go.
+    # other connections. Cancelled or failed, the rollback lets the lock go. The lock's
+    # statement turns idle_in_transaction_session_timeout off for this transaction only.
     async with db.connection() as lock, lock.transaction():
         locked = await lock.row("retention_lock")
         if locked is None or not locked["locked"]:

@@ -969,8 +969,13 @@ LIMIT %(limit)s;
 -- Become the one process archiving now, until this transaction ends, unless another is.
 --
 -- A transaction's lock, not a session's: behind a pooler in transaction mode a session's
--- lock would stay with a server session that other clients are then given.
-SELECT pg_try_advisory_xact_lock(hashtext('registry-coordinator.retention')) AS locked;
+-- lock would stay with a server session that other clients are then given. The transaction
+-- sits idle while the batch is written on other connections, so it turns the database's
+-- idle_in_transaction_session_timeout off for itself alone (set_config's `true`: local to
+-- this transaction): a role's short timeout must not end the lock under a batch and let a
+-- second archiver write the same bundle beside it.
+SELECT pg_try_advisory_xact_lock(hashtext('registry-coordinator.retention')) AS locked
+ WHERE set_config('idle_in_transaction_session_timeout', '0', true) IS NOT NULL;
 
 -- name: retention_hold_starts
 -- Hold new rows out of runs until this transaction ends (hold_new_runs, schema 10).
