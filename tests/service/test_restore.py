@@ -9,7 +9,6 @@ after it, ``pg_restore --clean`` of the dump, ``serve`` as usual.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ from typing import Any
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.store.database import sync_connection
 from tests.support import (
-    PG_BIN,
     Service,
     Services,
     coordinator,
     events,
+    pg_dump,
+    pg_restore,
     run_state,
     wait_state,
 )
@@ -31,25 +31,6 @@ CONNECTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "reviews": ("casework", {}),
     "notices": ("messaging", {}),
 }
-
-
-def dump(dsn: str, to: Path) -> None:
-    subprocess.run(
-        [str(PG_BIN / "pg_dump"), "--format=custom", f"--file={to}", f"--dbname={dsn}"],
-        check=True,
-        capture_output=True,
-    )
-
-
-def restore(dsn: str, dumped: Path) -> None:
-    subprocess.run(
-        [
-            *(str(PG_BIN / "pg_restore"), "--clean", "--if-exists", "--single-transaction"),
-            *(f"--dbname={dsn}", str(dumped)),
-        ],
-        check=True,
-        capture_output=True,
-    )
 
 
 def mark_of(config: Path) -> Path:
@@ -64,13 +45,13 @@ def test_a_restored_backup_sends_nothing_again_until_an_operator_attests(
     run = service.start_run("two-mutations", {"id": "applicant-1"})
     products.wait_in_flight("casework")
     backup = tmp_path / "backup.dump"
-    dump(dsn, backup)  # the run is at its first call, the message not yet sent
+    pg_dump(dsn, backup)  # the run is at its first call, the message not yet sent
     products.faults("casework")  # released: the review is made, then the message sent
     wait_state(dsn, run, RunState.FINISHED)
     assert len(products.requests("messaging", "POST", "/v1/messages")) == 1
     assert service.stop() == 0
 
-    restore(dsn, backup)
+    pg_restore(dsn, backup)
     assert run_state(dsn, run)["state"] == RunState.RUNNING  # as the backup had it
     again = services.start(service.config, tmp_path / "restored.log")
 
@@ -127,8 +108,8 @@ def test_a_backup_taken_after_the_last_sending_is_no_restore(
     wait_state(dsn, run, RunState.FINISHED)
     assert service.stop() == 0
     backup = tmp_path / "backup.dump"
-    dump(dsn, backup)
-    restore(dsn, backup)
+    pg_dump(dsn, backup)
+    pg_restore(dsn, backup)
     services.start(service.config, tmp_path / "restored.log")
     assert "restored from a backup" not in (tmp_path / "restored.log").read_text()
     with sync_connection(dsn) as conn:

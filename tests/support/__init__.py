@@ -88,7 +88,14 @@ from tests.support.interleave import (
 )
 from tests.support.network import free_port, h11_answer
 from tests.support.paths import CORPUS, ROOT, TEST_WORKFLOWS, WORKFLOWS
-from tests.support.postgres import PG_BIN, Cluster, old_postgres, old_postgres_bin
+from tests.support.postgres import (
+    PG_BIN,
+    Cluster,
+    old_postgres,
+    old_postgres_bin,
+    pg_dump,
+    pg_restore,
+)
 from tests.support.processes import (
     Service,
     coordinator,
@@ -208,6 +215,8 @@ __all__ = [
     "old_postgres",
     "old_postgres_bin",
     "package",
+    "pg_dump",
+    "pg_restore",
     "process_env",
     "push",
     "pushing",

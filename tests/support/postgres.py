@@ -1,6 +1,7 @@
 """PostgreSQL for the tests: the wheel's PostgreSQL 18 as one cluster per test process,
 with a fresh database per test (copied from a migrated template), outages of the whole
-server or of one database; and an old PostgreSQL (Debian's) for the version check."""
+server or of one database; an old PostgreSQL (Debian's) for the version check; and the
+operator's own backup tools, ``pg_dump`` and ``pg_restore --clean``, for restore rehearsals."""
 
 from __future__ import annotations
 
@@ -175,3 +176,24 @@ def old_postgres() -> Iterator[str]:
     finally:
         run(str(binaries / "pg_ctl"), "-D", str(data), "-w", "-m", "immediate", "stop")
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def pg_dump(dsn: str, to: Path) -> None:
+    """A backup of the database at ``dsn`` in ``to``, as an operator takes one (custom format)."""
+    subprocess.run(
+        [str(PG_BIN / "pg_dump"), "--format=custom", f"--file={to}", f"--dbname={dsn}"],
+        check=True,
+        capture_output=True,
+    )
+
+
+def pg_restore(dsn: str, dumped: Path) -> None:
+    """The database at ``dsn`` put back to the backup ``dumped``, as the runbook restores one."""
+    subprocess.run(
+        [
+            *(str(PG_BIN / "pg_restore"), "--clean", "--if-exists", "--single-transaction"),
+            *(f"--dbname={dsn}", str(dumped)),
+        ],
+        check=True,
+        capture_output=True,
+    )
