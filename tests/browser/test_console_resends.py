@@ -4,7 +4,6 @@ when the database was restored from a backup. Each answer is recorded with the p
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from playwright.sync_api import Page, expect
@@ -16,10 +15,11 @@ from tests.support import (
     events,
     free_port,
     held_notice,
-    issuer_token,
+    moved,
     pg_dump,
     pg_restore,
     stand_ins,
+    started_by_case_portal,
     wait_state,
 )
 
@@ -41,14 +41,11 @@ def test_a_resend_after_the_connection_moved_goes_where_the_operator_chose(
     assert service.stop() == 0
     sealed_to = f"{products.url('messaging')}/v1/messages"
     port = free_port()  # the operator moved Messaging to another address
-    config = json.loads(service.config.read_text())
-    config["connections"]["notices"]["baseUrl"] = f"http://127.0.0.1:{port}"
-    moved = tmp_path / "moved.json"
-    moved.write_text(json.dumps(config))
+    elsewhere_config = moved(service.config, "notices", port)
     now_to = f"http://127.0.0.1:{port}/v1/messages"
 
     with stand_ins(tmp_path / "moved-standins.log", {"messaging": port}) as elsewhere:
-        again = services.start(moved, tmp_path / "moved.log")
+        again = services.start(elsewhere_config, tmp_path / "moved.log")
         _retry_same_as_ada(page, again, run)
         where = page.get_by_role("group", name="Where does the resend go?")
         expect(where).to_contain_text(sealed_to)
@@ -89,14 +86,9 @@ def test_a_resend_after_a_restore_takes_the_operators_attestation(
     products.faults(
         "casework", {"match": "POST /v1/review-requests", "mode": "hold", "seconds": 300}
     )
-    token = issuer_token(services, service, "case-portal", ["coordinator.runs"])
-    started = service.http.post(
-        "/v1/runs",
-        json={"workflow": "two-mutations", "input": {"id": "applicant-1"}},
-        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "restored-1"},
+    run, _ = started_by_case_portal(
+        services, service, "two-mutations", {"id": "applicant-1"}, "restored-1"
     )
-    assert started.status_code == 201, started.text
-    run = str(started.json()["id"])
     products.wait_in_flight("casework")
     backup = tmp_path / "backup.dump"
     pg_dump(dsn, backup)  # the run is at its first call

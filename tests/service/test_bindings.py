@@ -4,7 +4,6 @@ operator says where — to the address it was sealed to, or to the connection as
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from registry_coordinator.semantics.codes import RunState
@@ -14,6 +13,7 @@ from tests.support import (
     coordinator,
     events,
     free_port,
+    moved,
     stand_ins,
     wait_state,
 )
@@ -32,19 +32,16 @@ def test_a_changed_base_url_is_reported_and_retry_same_asks_where(
     sealed_to = f"{products.url('messaging')}/v1/messages"
 
     port = free_port()  # the operator moved Messaging to another address
-    config = json.loads(service.config.read_text())
-    config["connections"]["notices"]["baseUrl"] = f"http://127.0.0.1:{port}"
-    moved = tmp_path / "moved.json"
-    moved.write_text(json.dumps(config))
+    elsewhere_config = moved(service.config, "notices", port)
 
-    looked = coordinator("doctor", "--config", moved)
+    looked = coordinator("doctor", "--config", elsewhere_config)
     assert "WARN  1 unfinished runs hold requests sealed under a binding since changed" in (
         looked.stdout
     ), looked.stdout
     assert sealed_to in looked.stdout
 
     with stand_ins(tmp_path / "moved-standins.log", {"messaging": port}) as elsewhere:
-        again = services.start(moved, tmp_path / "moved.log")
+        again = services.start(elsewhere_config, tmp_path / "moved.log")
         part = again.http.get("/ready").json()["parts"]["bindings"]
         assert part["ok"] is True and part["changed"] == 1, part
 

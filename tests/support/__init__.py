@@ -112,7 +112,9 @@ from tests.support.services import (
     held_notice,
     issuer_token,
     metrics,
+    moved,
     notify_with_oauth2,
+    started_by_case_portal,
 )
 from tests.support.standins import (
     DECISIONS,
@@ -208,6 +210,7 @@ __all__ = [
     "jwks",
     "metrics",
     "migrate",
+    "moved",
     "mutations_seen",
     "new_review",
     "notify_with_oauth2",
@@ -238,6 +241,7 @@ __all__ = [
     "signing",
     "stand_ins",
     "start_runs",
+    "started_by_case_portal",
     "stay",
     "summary",
     "token",

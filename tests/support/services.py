@@ -114,6 +114,31 @@ def issuer_token(services: Services, service: Service, client: str, scopes: list
     return mint(key, client, scopes, 600, issuer=issuer)
 
 
+def started_by_case_portal(
+    services: Services, service: Service, workflow: str, run_input: Any, key: str
+) -> tuple[str, str]:
+    """A run of ``workflow`` the case portal started through the API of a service deployed
+    with ``sign_in``, and the portal's token."""
+    token = issuer_token(services, service, "case-portal", ["coordinator.runs"])
+    started = service.http.post(
+        "/v1/runs",
+        json={"workflow": workflow, "input": run_input},
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": key},
+    )
+    assert started.status_code == 201, started.text
+    return str(started.json()["id"]), token
+
+
+def moved(config: Path, connection: str, port: int) -> Path:
+    """A copy of the service's ``config`` (beside it) in which an operator moved
+    ``connection`` to another port on loopback."""
+    document = json.loads(config.read_text())
+    document["connections"][connection]["baseUrl"] = f"http://127.0.0.1:{port}"
+    copy = config.with_name(f"moved-{connection}.json")
+    copy.write_text(json.dumps(document))
+    return copy
+
+
 def held_notice(dsn: str, services: Services) -> tuple[Service, StandIns, str, str]:
     """A service whose people sign in at the stand-in issuer, with one run of ``notify`` the
     case portal started, held outcome-unknown (Messaging applied it; its answer never came),
@@ -124,14 +149,9 @@ def held_notice(dsn: str, services: Services) -> tuple[Service, StandIns, str, s
         ["notify"], {"notices": ("messaging", notices)}, sign_in=True
     )
     products.faults("messaging", HANG_ONCE)
-    token = issuer_token(services, service, "case-portal", ["coordinator.runs"])
-    started = service.http.post(
-        "/v1/runs",
-        json={"workflow": "notify", "input": {"email": "a@example.org"}},
-        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "notice-1"},
+    run, token = started_by_case_portal(
+        services, service, "notify", {"email": "a@example.org"}, "notice-1"
     )
-    assert started.status_code == 201, started.text
-    run = str(started.json()["id"])
     wait_state(dsn, run, RunState.HELD)
     return service, products, run, token
 
