@@ -19,7 +19,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registry_coordinator.semantics import bundles
-from registry_coordinator.semantics.chain import Event, canonical, event_hash, first_break, parse
+from registry_coordinator.semantics.chain import (
+    ENDS,
+    Event,
+    canonical,
+    event_hash,
+    first_break,
+    parse,
+)
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, inclusion, sign
 
 # Fixed seeds, so a failing example replays with the same signatures.
@@ -99,8 +106,9 @@ DETAIL_VALUES = st.recursive(
 )
 # What parse() gives back for a detail: numbers as Decimals, as a bundle's reader sees them.
 DETAILS = st.dictionaries(NAMES, DETAIL_VALUES, max_size=3).map(lambda d: parse(canonical(d)))
+# Kinds a run goes on after: an event after an end is refused (test_chain.py).
 KINDS = st.sampled_from(
-    ["step.started", "step.completed", "call.sent", "call.answered", "completed", "failed"]
+    ["step.started", "step.completed", "call.sent", "call.answered", "completed", "held"]
 )
 # The other runs' heads in the checkpoint, each from one draw of 32 bytes.
 OTHER_LEAVES = st.lists(
@@ -434,6 +442,23 @@ def test_events_after_the_signed_one_are_only_chained(bundle: Bundle, data: st.D
     seq = data.draw(st.integers(bundle.seq + 1, len(bundle.events)), label="rewritten event")
     forged = _written(bundle, _rewritten(bundle, seq))
     assert bundles.check(forged, PUBLIC).signed == bundle.seq
+
+
+@given(bundles_of(), st.sampled_from(sorted(ENDS)))
+def test_a_history_grown_past_its_signed_end_is_refused(bundle: Bundle, end: str) -> None:
+    """Mallory's forgery: the signed head is the run's end, and one event is chained
+    after it by someone who can write the table. The chain and the proof hold."""
+    drafts = [(e.at, e.kind, e.step, e.actor, e.detail) for e in bundle.events]
+    drafts[bundle.seq - 1 :] = [
+        (bundle.events[bundle.seq - 1].at, end, "end", "coordinator", {}),
+        (bundle.events[bundle.seq - 1].at, "cancelled", "end", "operator:mallory", {}),
+    ]
+    grown = chained(bundle.run, drafts)
+    forged = written(bundle.run, grown, bundle.artifact, bundle.seq, [], 0)
+    assert refused(forged.data) == (
+        f"run {bundle.run}: event {bundle.seq + 1}: it follows the run's end, event "
+        f"{bundle.seq} ({end}): nothing is written after a run ends"
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registry_coordinator.semantics.chain import Event, canonical, event_hash, first_break, parse
+from registry_coordinator.semantics.chain import (
+    ENDS,
+    Break,
+    Event,
+    canonical,
+    event_hash,
+    first_break,
+    parse,
+)
 
 VALUES = st.recursive(
     st.none()
@@ -57,6 +65,35 @@ def test_a_chain_verifies_without_the_database() -> None:
     assert first_break(run, events, 2) is None
     assert first_break(run, events[::-1], 2) is not None
     assert first_break(run, events, 3) is not None
+
+
+def _chain(run: str, kinds: list[str]) -> list[Event]:
+    events: list[Event] = []
+    previous = None
+    for seq, kind in enumerate(kinds, 1):
+        draft = Event(run, seq, "2026-12-01T00:00:00Z", kind, "s", "a", parse("{}"), b"")
+        previous = event_hash(previous, draft)
+        events.append(Event(run, seq, draft.at, kind, "s", "a", draft.detail, previous))
+    return events
+
+
+@given(
+    st.lists(st.sampled_from(["admitted", "step-completed", "held", "retry-same"]), max_size=4),
+    st.sampled_from(sorted(ENDS)),
+    st.lists(st.sampled_from(sorted(ENDS | {"step-completed", "reconciled"})), max_size=3),
+)
+def test_a_run_ends_once_and_nothing_follows_its_end(
+    before: list[str], end: str, after: list[str]
+) -> None:
+    """However well chained, an event after a run's end is a break at that event."""
+    run = str(uuid.uuid4())
+    events = _chain(run, [*before, end, *after])
+    at = len(before) + 1
+    expected = None
+    if after:
+        why = f"it follows the run's end, event {at} ({end}): nothing is written after a run ends"
+        expected = Break(run, at + 1, why)
+    assert first_break(run, events, len(events)) == expected
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,17 @@ class Verified:
     bundles: int = 0  # and whose bundles were read and checked
     breaks: list[Break] = field(default_factory=list)
     checkpoint_breaks: list[tuple[int, str]] = field(default_factory=list)  # (number, why)
+    moved: Moved | None = None  # the one run asked for, when it was archived
+
+
+@dataclass(frozen=True)
+class Moved:
+    """Where the history of a run asked for by id went: the bundle it was archived to
+    (under the archive directory, when that is at hand) and the event it ended at."""
+
+    run: str
+    seq: int
+    bundle: str
 
 
 def _event(row: Row) -> Event:
@@ -106,12 +117,47 @@ async def _checkpoints(db: Database, key: Ed25519PublicKey | None, found: Verifi
                 )
             leaves = await db.rows("audit_checkpoint_leaves", {"number": c.number})
             hashes = [Leaf(r["run"], r["seq"], bytes(r["head"])).hash() for r in leaves]
-            if len(hashes) != c.leaves or not hashes or root(hashes) != c.root:
+            if len(leaves) < c.leaves:
+                found.checkpoint_breaks.append((c.number, _missing(leaves, c.leaves)))
+            elif len(hashes) != c.leaves or root(hashes) != c.root:
                 found.checkpoint_breaks.append((c.number, "its leaves do not give its signed root"))
             why = signed_by(c, key) if key is not None else None
             if why is not None:
                 found.checkpoint_breaks.append((c.number, why))
             previous, after = c, c.number
+
+
+#: Missing leaves of one checkpoint named each, at most; the rest are counted.
+NAMED = 5
+
+
+def _missing(leaves: list[Row], count: int) -> str:
+    """Where the leaves a checkpoint signed but the database lacks stood: a run removed
+    with its leaves leaves nothing to name it by but its place among the others, which
+    are in run id order — a range to look for in the service's log and in backups."""
+    runs = {r["position"]: r["run"] for r in leaves}
+    gaps = [p for p in range(count) if p not in runs]
+    places = []
+    for p in gaps[:NAMED]:
+        before = max((q for q in runs if q < p), default=None)
+        after = min((q for q in runs if q > p), default=None)
+        if before is not None and after is not None:
+            where = f"between the runs {runs[before]} and {runs[after]}"
+        elif before is not None:
+            where = f"after the run {runs[before]}"
+        elif after is not None:
+            where = f"before the run {runs[after]}"
+        else:
+            where = "with no leaf left to place it by"
+        places.append(f"position {p}, {where}")
+    more = f"; and {len(gaps) - NAMED} more" if len(gaps) > NAMED else ""
+    one = len(gaps) == 1
+    return (
+        f"{len(gaps)} of its {count} leaves {'is' if one else 'are'} missing: "
+        f"{'; '.join(places)}{more} (in id order); "
+        f"{'the run it' if one else 'the runs they'} signed {'was' if one else 'were'} removed "
+        "with its leaves: look for a run id in that range in the service's log and in backups"
+    )
 
 
 def _bundle_holds(
@@ -137,13 +183,18 @@ def _bundle_holds(
 
 
 async def _archived(
-    db: Database, archive: Path | None, key: Ed25519PublicKey | None, found: Verified
+    db: Database,
+    archive: Path | None,
+    key: Ed25519PublicKey | None,
+    found: Verified,
+    run: uuid.UUID | None,
 ) -> None:
-    """Each archived run: recorded at the head a checkpoint signed last for it (a run
-    removed by someone who only wrote its ``archived_runs`` row has no such head, or its
-    bundle does not prove it), and, with the archive at hand, its bundle."""
+    """Each archived run (or ``run``, if archived): recorded at the head a checkpoint
+    signed last for it (a run removed by someone who only wrote its ``archived_runs``
+    row has no such head, or its bundle does not prove it), and, with the archive at
+    hand, its bundle."""
     after = uuid.UUID(int=0)
-    while rows := await db.rows("audit_archived", {"after": after, "limit": BATCH}):
+    while rows := await db.rows("audit_archived", {"after": after, "run": run, "limit": BATCH}):
         for row in rows:
             if row["signed_seq"] is None:
                 why: str | None = "it was archived, but no checkpoint ever signed its head"
@@ -158,6 +209,9 @@ async def _archived(
                 found.archived += 1
             else:
                 found.breaks.append(Break(row["run"], row["seq"], why))
+            if run is not None:
+                bundle = str(archive / row["bundle"]) if archive is not None else row["bundle"]
+                found.moved = Moved(row["run"], row["seq"], bundle)
         after = uuid.UUID(rows[-1]["run"])
 
 
@@ -170,8 +224,9 @@ async def verify(
     archive: Path | None = None,
 ) -> Verified:
     """Check the chain and the signed heads of every run (or of ``run``, or of runs
-    changed ``since``), then every archived run (with its bundle in ``archive``), every
-    checkpoint, and ``kept`` against the database's."""
+    changed ``since``), then every archived run (with its bundle in ``archive``) and
+    every run removed although signed (of these, ``run`` alone if it is no longer in the
+    database), every checkpoint, and ``kept`` against the database's."""
     found = Verified()
     async for batch in _batches(db, run, since):
         ids = [run_id for run_id, _ in batch]
@@ -190,9 +245,9 @@ async def verify(
             broken = first_break(str(run_id), history, last) or _unsigned_head(history, signed)
             if broken is not None:
                 found.breaks.append(broken)
-    if run is None:
-        await _archived(db, archive, key, found)
-        for lost in await db.rows("audit_lost_runs"):
+    if run is None or found.runs == 0:  # a run asked for by id may have left the database
+        await _archived(db, archive, key, found, run)
+        for lost in await db.rows("audit_lost_runs", {"run": run}):
             why = (
                 f"the run is gone: checkpoint {lost['checkpoint']} signed this event, and the "
                 "run is neither in the database nor archived"
@@ -221,6 +276,19 @@ class Unexportable(CoordinatorError):
 Trees = dict[int, list[bytes]]
 
 
+async def _holding(db: Database, run: uuid.UUID) -> list[Event]:
+    """The history of ``run``, which must hold its chain: nothing is signed for one that
+    does not (an event after its end, say, which a checkpoint would otherwise vouch for)."""
+    events = [_event(e) for e in await db.rows("audit_events", {"runs": [run]})]
+    broken = first_break(str(run), events, len(events))
+    if broken is not None:
+        raise Unexportable(
+            f"run {run} is not exported: event {broken.seq}: {broken.why}; nothing was "
+            f"signed (coordinator audit verify --run {run} says what else does not hold)"
+        )
+    return events
+
+
 async def export(
     db: Database, run: uuid.UUID, key: Ed25519PrivateKey, trees: Trees | None = None
 ) -> bytes:
@@ -235,14 +303,17 @@ async def export(
                 f"{archived['bundle']} (sha256 {archived['sha256']}): that file is its bundle"
             )
         raise Unexportable(f"there is no run {run}")
-    proof = await db.row("audit_run_proof", {"run": run})
-    if proof is None or proof["seq"] < found["seq"]:
-        await checkpoint(db, key, runs=[run])
-        proof = await db.row("audit_run_proof", {"run": run})
-    assert proof is not None  # the checkpoint just made signs this run's head
-    events = [_event(e) for e in await db.rows("audit_events", {"runs": [run]})]
+    events = await _holding(db, run)
     if len(events) < found["seq"]:  # archived (or cut short) between the two reads
         raise Unexportable(f"run {run} changed while it was exported: export it again")
+    proof = await db.row("audit_run_proof", {"run": run})
+    if proof is None or proof["seq"] < len(events):
+        await checkpoint(db, key, runs=[run])
+        proof = await db.row("audit_run_proof", {"run": run})
+    if proof is None or proof["seq"] < len(events):  # grown past its end meanwhile: unsigned
+        raise Unexportable(f"run {run} changed while it was exported: export it again")
+    if proof["seq"] > len(events):  # it went on since the read: the newer head is signed
+        events = await _holding(db, run)
     signed = await db.row("audit_checkpoint", {"number": proof["checkpoint"]})
     assert signed is not None  # leaves reference their checkpoint
     trees = {} if trees is None else trees

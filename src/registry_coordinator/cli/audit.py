@@ -242,14 +242,27 @@ def _report(verified: Verified, run: uuid.UUID | None, key: Ed25519PublicKey | N
     if verified.breaks or verified.checkpoint_breaks:
         print(f"{what}: the history does not hold", file=sys.stderr)
         return ExitCode.INVALID
-    if run is not None and verified.runs == 0:
-        print(f"coordinator audit verify: no run {run}", file=sys.stderr)
+    if run is not None and verified.runs == 0 and verified.moved is None:
+        print(
+            f"coordinator audit verify: no run {run}: it is not in the database, not "
+            "archived, and no checkpoint signed it; check the id",
+            file=sys.stderr,
+        )
         return ExitCode.INVALID
     if key is None:
         print(
             "checkpoint signatures were not checked: no --public-key and no audit signingKey",
             file=sys.stderr,
         )
+    if run is not None and verified.moved is not None:
+        moved = verified.moved
+        read = " and its bundle holds" if verified.bundles else ""
+        print(
+            f"run {run} is archived, to the bundle {moved.bundle}: its record holds the head "
+            f"a checkpoint signed (event {moved.seq}){read}; check the bundle offline with "
+            "coordinator audit verify --bundle FILE --public-key KEY"
+        )
+        return ExitCode.OK
     print(f"verified {what}: every history holds its chain and its signed heads")
     return ExitCode.OK
 

@@ -4,7 +4,10 @@ Each event's hash is SHA-256 over the canonical JSON of the event and the hash o
 before it (schema 9, ``sql/migrations/0009_chain.sql``, writes the same bytes in
 PostgreSQL as each event is inserted). So whoever holds a history — the database, or an
 export of it — can check that no event was changed, removed, added or moved since it was
-written: :func:`first_break` names the first event where the chain does not hold.
+written: :func:`first_break` names the first event where the chain does not hold. A run
+ends once: an event after its end (``finished``, ``failed``, ``expired``, ``cancelled``)
+is a break too, however well it is chained, for the chain alone would take an event
+appended by whoever can write the table and recompute one hash.
 
 The canonical form is fixed by what both sides can write exactly: keys sorted by code
 point, no whitespace, strings escaped only where JSON requires (UTF-8 otherwise), and
@@ -23,11 +26,15 @@ from decimal import Decimal
 from typing import NoReturn
 
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.semantics.codes import TERMINAL
 
 #: The largest power of ten a number may carry in JSON the chain reads: far beyond any
 #: event's, small enough that writing it out in plain decimal stays small. (PostgreSQL
 #: writes numbers out in full, so what it stores never comes with an exponent at all.)
 MAX_EXPONENT = 1000
+
+#: The kinds of the event a run ends with: the names of the states it ends in.
+ENDS = frozenset(state.value for state in TERMINAL)
 
 
 def _no_constant(name: str) -> NoReturn:
@@ -121,16 +128,22 @@ class Break:
 
 def first_break(run: str, events: Iterable[Event], last: int) -> Break | None:
     """The first place where run ``run``'s events, in the order given, are not the chain
-    they were written as — an event changed, missing, added or out of order — given that
-    its latest event is number ``last``; None when the chain holds."""
+    they were written as — an event changed, missing, added or out of order, or one after
+    the run's end — given that its latest event is number ``last``; None when it holds."""
     previous: bytes | None = None
     expected = 1
+    end: Event | None = None
     for event in events:
         if event.run != run or event.seq != expected:
             why = "missing" if event.seq > expected else "out of order, repeated or another's"
             return Break(run, expected, f"event {expected} is {why}")
         if event_hash(previous, event) != event.hash:
             return Break(run, event.seq, "its hash does not match what it holds")
+        if end is not None:
+            why = f"it follows the run's end, event {end.seq} ({end.kind})"
+            return Break(run, event.seq, f"{why}: nothing is written after a run ends")
+        if event.kind in ENDS:
+            end = event
         previous, expected = event.hash, expected + 1
     if expected != last + 1:
         seq = min(expected, last + 1)

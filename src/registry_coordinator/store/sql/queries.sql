@@ -883,14 +883,20 @@ FROM audit_checkpoints ORDER BY number DESC LIMIT 1;
 --
 -- Of the runs updated since %(since)s (by runs_by_update; NULL: every run), or of
 -- %(runs)s only (NULL: any). With the instant of this snapshot, for the checkpoint.
+-- A run whose signed head is its end has nothing more to sign: a history that grew past
+-- it was written by someone else, and signing it would vouch for what audit verify refuses.
 SELECT r.id::text AS run, r.seq, e.hash, rfc3339(now()) AS now
 FROM runs r
 JOIN run_events e ON e.run_id = r.id AND e.seq = r.seq
+LEFT JOIN LATERAL (
+    SELECT l.seq, s.kind FROM audit_leaves l
+    JOIN run_events s ON s.run_id = l.run_id AND s.seq = l.seq
+    WHERE l.run_id = r.id ORDER BY l.checkpoint DESC LIMIT 1
+) signed ON true
 WHERE (%(since)s::timestamptz IS NULL OR r.updated_at >= %(since)s)
   AND (%(runs)s::uuid[] IS NULL OR r.id = ANY (%(runs)s::uuid[]))
-  AND r.seq > coalesce(
-    (SELECT l.seq FROM audit_leaves l WHERE l.run_id = r.id ORDER BY l.checkpoint DESC LIMIT 1),
-    0)
+  AND r.seq > coalesce(signed.seq, 0)
+  AND coalesce(signed.kind NOT IN ('finished', 'failed', 'expired', 'cancelled'), true)
 ORDER BY r.id
 LIMIT %(limit)s;
 
@@ -930,14 +936,17 @@ FROM audit_checkpoints WHERE number = %(number)s;
 
 -- name: audit_checkpoint_leaves
 -- One checkpoint's leaves, in the order its tree was made.
-SELECT run_id::text AS run, seq, head FROM audit_leaves
+SELECT position, run_id::text AS run, seq, head FROM audit_leaves
 WHERE checkpoint = %(number)s ORDER BY position;
 
 -- name: audit_lost_runs
 -- Runs a checkpoint signed that are neither in the hot tables nor archived: removed.
+--
+-- Of every run, or of %(run)s only.
 SELECT l.run_id::text AS run, max(l.seq) AS seq, max(l.checkpoint) AS checkpoint
 FROM audit_leaves l
-WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = l.run_id)
+WHERE (%(run)s::uuid IS NULL OR l.run_id = %(run)s)
+  AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = l.run_id)
   AND NOT EXISTS (SELECT 1 FROM archived_runs a WHERE a.id = l.run_id)
 GROUP BY l.run_id ORDER BY l.run_id;
 
@@ -1021,6 +1030,8 @@ LIMIT %(limit)s;
 
 -- name: audit_archived
 -- A batch of archived runs in id order after %(after)s, with the latest head signed for each.
+--
+-- Of every archived run, or of %(run)s only.
 SELECT a.id::text AS run, a.seq, a.head, a.bundle, a.sha256,
        l.seq AS signed_seq, l.head AS signed_head, l.checkpoint
 FROM archived_runs a
@@ -1028,7 +1039,7 @@ LEFT JOIN LATERAL (
     SELECT seq, head, checkpoint FROM audit_leaves
     WHERE run_id = a.id ORDER BY checkpoint DESC LIMIT 1
 ) l ON true
-WHERE a.id > %(after)s
+WHERE a.id > %(after)s AND (%(run)s::uuid IS NULL OR a.id = %(run)s)
 ORDER BY a.id
 LIMIT %(limit)s;
 
