@@ -1,8 +1,9 @@
 """The package's layers, held: no module imports from a layer above its own.
 
 The layers, bottom up: the package root and ``errors``; ``authoring`` (offline: sources,
-the checker, artifacts); ``semantics`` (pure step transitions); ``config`` (the service's
-configuration file, read without connecting); ``store`` (runs in PostgreSQL: the database
+the checker, artifacts); ``semantics`` (pure step transitions); ``custody`` (personal
+data sealed where it belongs, pure); ``config`` (the service's configuration file, read
+without connecting); ``store`` (runs in PostgreSQL: the database
 layer, named queries, migrations); ``observability`` (metrics, logs, traces, health);
 ``engine`` (the services that move runs); ``audit`` (checkpoints, verification, export,
 retention); ``http`` (the API, the console and the API's client); ``devtools`` (stand-ins,
@@ -30,6 +31,7 @@ LAYERS = [
     "errors",
     "authoring",
     "semantics",
+    "custody",
     "config",
     "store",
     "observability",

@@ -1,0 +1,31 @@
+"""Personal data in custody: values sealed where they belong, under data keys that a
+key-encryption key wraps (docs/custody.md). Pure: no database, no event loop; the store
+keeps the wrapped keys, and the layers above seal and open through this package."""
+
+from registry_coordinator.custody.sealing import (
+    CustodyCode,
+    DataKey,
+    Kek,
+    Place,
+    Purpose,
+    Unopenable,
+    key_of,
+    open_sealed,
+    seal,
+    unwrap,
+    wrap,
+)
+
+__all__ = [
+    "CustodyCode",
+    "DataKey",
+    "Kek",
+    "Place",
+    "Purpose",
+    "Unopenable",
+    "key_of",
+    "open_sealed",
+    "seal",
+    "unwrap",
+    "wrap",
+]
