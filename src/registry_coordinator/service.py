@@ -59,7 +59,7 @@ from registry_coordinator.http.console.issuer import Issuer
 from registry_coordinator.observability import tracing
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.observability.systemd import Notifier
-from registry_coordinator.store import faults, poolers
+from registry_coordinator.store import faults, keys, poolers
 from registry_coordinator.store import timeline as store_timeline
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.embedded import EmbeddedPostgres
@@ -138,6 +138,7 @@ async def open_database(
             for migration in await migrate(db):
                 log.info("applied schema migration %04d %s", migration.version, migration.name)
         await require_current(db)
+        db.sealer = await keys.open_custody(db, config.custody)
         log.info("database ready: PostgreSQL %s; %s", version, pooler)
         yield db
 

@@ -24,6 +24,7 @@ from tests.support import (
     Services,
     connection,
     free_port,
+    runs_opened,
     wait_for,
     write_config,
 )
@@ -40,8 +41,8 @@ def expected(n: int) -> tuple[list[str], str]:
 def check_chain_runs(dsn: str, minimum: int) -> dict[str, int]:
     """Every chain run finished as its input says, each step once; returns events by actor."""
     actors: dict[str, int] = {}
+    runs = runs_opened(dsn, "input, state, outcome")
     with sync_connection(dsn) as conn:
-        runs = conn.execute("SELECT id, input, state, outcome FROM runs").fetchall()
         assert len(runs) >= minimum
         for run in runs:
             path, outcome = expected(run["input"]["n"])

@@ -78,6 +78,8 @@ TREE = {
     "coordinator audit checkpoint": {"--config": REQUIRED, "--out": OPTIONAL},
     "coordinator audit public-key": {"--config": REQUIRED},
     "coordinator audit keygen": {"--out": REQUIRED},
+    "coordinator keys": {"<keys>": REQUIRED},
+    "coordinator keys generate": {"--out": REQUIRED},
     "coordinator runs": {"<action>": REQUIRED},
     "coordinator runs start": {
         **REMOTE,

@@ -33,6 +33,8 @@ def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in ("COORDINATOR_CLIENT_SECRET", "CASEWORK_TOKEN", "MESSAGING_TOKEN"):
         monkeypatch.setenv(name, "a-secret")
     monkeypatch.setenv("CASEWORK_COMPLETION_SECRET", "a-completion-secret")
+    kek = "ab" * 32
+    monkeypatch.setenv("COORDINATOR_KEK_1", kek)
     config = load_config(ROOT / "config" / "coordinator.example.yaml")
     assert sorted(config.connections) == ["applications", "notices", "reviews"]
     assert {c.product for c in config.connections.values()} == {"breg", "casework", "messaging"}
@@ -56,6 +58,8 @@ def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> Non
     assert config.retention.archive_after == timedelta(days=90)
     assert config.retention.directory == Path("/var/lib/registry-coordinator/archive")
     assert config.tracing == TracingConfig()  # documented, and off
+    assert config.custody.active == 1
+    assert config.custody.keks[1].secret == bytes.fromhex(kek)
 
 
 def test_checkpoints_need_an_ed25519_key_and_retention_needs_checkpoints(

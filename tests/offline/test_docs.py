@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from registry_coordinator.authoring.diagnostics import CODES
+from registry_coordinator.custody import CustodyCode
 from registry_coordinator.http.console.wording import EVENTS
 from registry_coordinator.http.problems import CODES as PROBLEMS
 from registry_coordinator.semantics.codes import FailureCode, HoldCode
@@ -11,7 +12,13 @@ from tests.support import ROOT
 
 def test_every_diagnostic_failure_and_hold_code_is_documented() -> None:
     text = (ROOT / "docs" / "diagnostics.md").read_text()
-    codes = [*CODES, *PROBLEMS, *(c.value for c in FailureCode), *(c.value for c in HoldCode)]
+    codes = [
+        *CODES,
+        *PROBLEMS,
+        *(c.value for c in FailureCode),
+        *(c.value for c in HoldCode),
+        *(c.value for c in CustodyCode),
+    ]
     for code in codes:
         assert f"| `{code}` |" in text, f"docs/diagnostics.md does not list {code}"
 

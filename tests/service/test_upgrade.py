@@ -101,6 +101,12 @@ REVERSALS: dict[int, str] = {
         ALTER TABLE executions DROP COLUMN binding;
         DELETE FROM coordinator_migrations WHERE version = 15;
     """,
+    # Data keys, and the key a run's personal data is sealed under.
+    16: """
+        ALTER TABLE runs DROP COLUMN data_key;
+        DROP TABLE data_keys;
+        DELETE FROM coordinator_migrations WHERE version = 16;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when
@@ -244,7 +250,8 @@ def mutations(products: StandIns, product: str, path: str) -> list[tuple[str, st
 def test_runs_waiting_running_and_held_go_on_across_the_upgrade(
     cluster: Cluster, dsn: str, services: Services
 ) -> None:
-    service, products = services.deploy(WORKFLOWS, CONNECTIONS)
+    # The previous version sealed nothing: its runs' data is as they were given.
+    service, products = services.deploy(WORKFLOWS, CONNECTIONS, extra={"custody": {}})
     products.faults("messaging", HANG_ONCE)
     products.faults("breg", *IN_FLIGHT)
     notice = service.start_run("notify", {"email": "a@example.org"})

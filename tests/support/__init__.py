@@ -106,7 +106,14 @@ from tests.support.processes import (
     running,
 )
 from tests.support.results import deliver, push, pushing, reviews
-from tests.support.rows import admit, database, events, put_to_sleep, run_state
+from tests.support.rows import (
+    admit,
+    database,
+    events,
+    put_to_sleep,
+    run_state,
+    runs_opened,
+)
 from tests.support.services import (
     Services,
     held_notice,
@@ -235,6 +242,7 @@ __all__ = [
     "rival_while_uncommitted",
     "run_state",
     "running",
+    "runs_opened",
     "sealings",
     "sent",
     "signed_in",

@@ -3,6 +3,7 @@ and pinned, connections to stand-ins on loopback, and the problems loading one r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.artifact import write as write_artifact
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.config import load_config
+from registry_coordinator.custody import Kek
 from tests.support.network import free_port
 from tests.support.paths import ROOT, TEST_WORKFLOWS
 from tests.support.tokens import PARAMETERS
@@ -64,6 +66,21 @@ def connection(product: str, port: int, **settings: Any) -> dict[str, Any]:
     }
 
 
+def services_kek(dsn: str) -> Kek:
+    """The key-encryption key of the tests' services on ``dsn``'s database: derived from
+    its name, so that every service a test starts on it, from any directory, opens the
+    same data keys, and the tests can read what the services sealed."""
+    name = conninfo_to_dict(dsn).get("dbname", "coordinator")
+    return Kek(1, hashlib.sha256(f"test kek of {name}".encode()).digest())
+
+
+def custody(directory: Path, dsn: str) -> dict[str, Any]:
+    """The ``custody`` section every test service has, as production's should."""
+    kek = directory / f"kek-{conninfo_to_dict(dsn).get('dbname', 'coordinator')}"
+    kek.write_text(services_kek(dsn).secret.hex() + "\n")
+    return {"keys": {"1": f"file:{kek}"}, "active": 1}
+
+
 def write_config(
     directory: Path,
     dsn: str,
@@ -86,6 +103,7 @@ def write_config(
     mark = directory / f"high-water-{conninfo_to_dict(dsn).get('dbname', 'coordinator')}.json"
     config = {
         "database": {"dsn": dsn, "poolSize": workers + 3, "highWaterMark": str(mark)},
+        "custody": custody(directory, dsn),
         "listen": {"host": "127.0.0.1", "port": port or free_port()},
         "workflows": pins,
         "engine": {

@@ -12,8 +12,10 @@ from typing import Any
 from registry_coordinator import store
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.store.database import Database, sync_connection
+from registry_coordinator.custody import DataKey, Sealer, unwrap
+from registry_coordinator.store.database import Database, open_row, sync_connection
 from registry_coordinator.store.migrations import migrate as migrate_schema
+from tests.support.config import services_kek
 from tests.support.paths import TEST_WORKFLOWS
 
 
@@ -41,10 +43,35 @@ async def admit(db: Database, workflow: str, run_input: Any) -> tuple[Definition
 
 
 def run_state(dsn: str, run_id: str) -> dict[str, Any]:
+    """A run's row, its sealed columns opened with the tests' key-encryption key."""
     with sync_connection(dsn) as conn:
         row = conn.execute("SELECT * FROM runs WHERE id = %s", (run_id,)).fetchone()
     assert row is not None
-    return dict(row)
+    return dict(open_row("run_state", row, sealer_of(dsn)))
+
+
+def runs_opened(dsn: str, columns: str) -> list[dict[str, Any]]:
+    """Every run's ``columns`` (with ``id`` and ``data_key``), its sealed ones opened."""
+    sealer = sealer_of(dsn)
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(f"SELECT id, data_key, {columns} FROM runs").fetchall()
+    return [dict(open_row("runs_opened", row, sealer)) for row in rows]
+
+
+def sealer_of(dsn: str) -> Sealer | None:
+    """What the tests' services seal runs' data with on ``dsn``'s database, as they made
+    it (None before one made its data key)."""
+    with sync_connection(dsn) as conn:
+        timeline = conn.execute("SELECT installation FROM timeline").fetchone()
+        held = conn.execute("SELECT id, subject, kek, wrapped FROM data_keys").fetchall()
+    assert timeline is not None
+    kek = services_kek(dsn)
+    keys: dict[int, DataKey | None] = {
+        row["id"]: unwrap({1: kek}, timeline["installation"], row["id"], 1, bytes(row["wrapped"]))
+        for row in held
+    }
+    shared = next((keys[row["id"]] for row in held if row["subject"] is None), None)
+    return None if shared is None else Sealer(timeline["installation"], shared, keys)
 
 
 def events(dsn: str, run_id: str) -> list[dict[str, Any]]:

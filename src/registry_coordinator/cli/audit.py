@@ -13,13 +13,13 @@ opened where that can be told from the command line.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from registry_coordinator.cli.keys import new_secret_command, write_new_secret
 from registry_coordinator.cli.service import configure_logging, run_service
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
@@ -79,10 +79,9 @@ def add_commands(commands: Commands) -> None:
     kept.add_argument("--out", type=Path, metavar="FILE", help="write it here to keep elsewhere")
     key = actions.add_parser("public-key", help="print the checkpoints' public key (PEM)")
     key.add_argument("--config", type=Path, required=True, metavar="FILE")
-    keygen = actions.add_parser(
-        "keygen", help="make an Ed25519 signing key for audit.signingKey; print its public key"
+    new_secret_command(
+        actions, "keygen", "make an Ed25519 signing key for audit.signingKey; print its public key"
     )
-    keygen.add_argument("--out", type=Path, required=True, metavar="FILE", help="never replaced")
 
 
 def handlers() -> dict[str, Handler]:
@@ -352,14 +351,7 @@ def _audit_keygen(args: argparse.Namespace) -> int:
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    try:
-        descriptor = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise _AuditUsage(f"{args.out} exists, and a signing key is never replaced") from None
-    except OSError as exc:
-        raise _AuditUsage(f"cannot write {args.out}: {exc.strerror}") from None
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(pem)
+    write_new_secret(args.out, pem, "a signing key")
     sys.stdout.write(public_pem(key.public_key()))
     return ExitCode.OK
 

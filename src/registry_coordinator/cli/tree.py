@@ -17,7 +17,15 @@ from collections.abc import Callable
 from typing import NoReturn, TypeAlias
 
 from registry_coordinator import __version__
-from registry_coordinator.cli import audit, authoring, remote, service, standins, tutorial
+from registry_coordinator.cli import (
+    audit,
+    authoring,
+    keys,
+    remote,
+    service,
+    standins,
+    tutorial,
+)
 from registry_coordinator.errors import ExitCode
 
 #: Runs one command with its parsed arguments; what it returns is the exit code.
@@ -49,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     standins.add_commands(commands)
     tutorial.add_token_command(commands)
     audit.add_commands(commands)
+    keys.add_commands(commands)
     remote.add_commands(commands)
     tutorial.add_commands(commands)
     return top
@@ -62,6 +71,7 @@ def handler(command: str) -> Handler:
         **standins.handlers(),
         **tutorial.handlers(),
         **audit.handlers(),
+        **keys.handlers(),
         **remote.handlers(),
     }
     return handlers[command]

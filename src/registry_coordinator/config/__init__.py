@@ -3,7 +3,8 @@
 A room per section, each read by one layer above: ``database`` (the store), ``engine``
 (``workflows`` and ``engine``: the engine), ``connections`` and ``identity`` (the call
 pools, result routes and identities), ``auth`` and ``console`` (the HTTP front end and the
-console), ``audit`` (``audit`` and ``retention``), ``tracing`` (observability); ``file``
+console), ``audit`` (``audit`` and ``retention``), ``tracing`` (observability),
+``custody`` (the key-encryption keys: the store); ``file``
 reads the whole file and hands each section to its module; ``values`` holds what every
 section's fields are made of (secrets by reference, bounded numbers and durations, URLs),
 ``problems`` what a reading reports. The package sits below the store, so reading a file
@@ -28,6 +29,7 @@ from registry_coordinator.config.auth import (
 )
 from registry_coordinator.config.connections import EXTERNAL, Completions, ConnectionConfig
 from registry_coordinator.config.console import ConsoleConfig
+from registry_coordinator.config.custody import CustodyConfig
 from registry_coordinator.config.database import DatabaseConfig, has_password
 from registry_coordinator.config.engine import EngineConfig, PinnedWorkflow
 from registry_coordinator.config.file import (
@@ -62,6 +64,7 @@ __all__ = [
     "ConfigReading",
     "ConnectionConfig",
     "ConsoleConfig",
+    "CustodyConfig",
     "DatabaseConfig",
     "EngineConfig",
     "Identity",

@@ -29,6 +29,7 @@ from registry_coordinator.config.connections import (
     read_products,
 )
 from registry_coordinator.config.console import ConsoleConfig, read_console
+from registry_coordinator.config.custody import CustodyConfig, read_custody
 from registry_coordinator.config.database import DatabaseConfig, read_database
 from registry_coordinator.config.engine import (
     EngineConfig,
@@ -63,6 +64,8 @@ class Config:
     tls: ListenTls | None = None
     #: Where /metrics and /ready are served instead of the public listener (None: there).
     admin: tuple[str, int] | None = None
+    #: The key-encryption keys personal data's data keys are wrapped under.
+    custody: CustodyConfig = field(default_factory=CustodyConfig)
 
     @property
     def scheme(self) -> str:
@@ -128,6 +131,7 @@ def read_config(path: Path) -> ConfigReading:
             "audit",
             "retention",
             "tracing",
+            "custody",
         ],
     )
     database = read_database(reader, root.get("database"), base)
@@ -145,6 +149,7 @@ def read_config(path: Path) -> ConfigReading:
     audit = read_audit(reader, root.get("audit", {}))
     retention = read_retention(reader, root.get("retention", {}), base, audit)
     tracing = read_tracing(reader, root.get("tracing", {}))
+    custody = read_custody(reader, root.get("custody", {}))
     problems = Problems(source)
     problems.add("configuration", reader.diagnostics)
     products = read_products(root.get("connections", {}))
@@ -167,6 +172,7 @@ def read_config(path: Path) -> ConfigReading:
         tracing,
         tls,
         admin,
+        custody,
     )
     return ConfigReading(config, workflows, products, problems, connections, database, listen)
 

@@ -2,6 +2,7 @@
 key-encryption key wraps (docs/custody.md). Pure: no database, no event loop; the store
 keeps the wrapped keys, and the layers above seal and open through this package."""
 
+from registry_coordinator.custody.sealer import Sealer
 from registry_coordinator.custody.sealing import (
     CustodyCode,
     DataKey,
@@ -10,6 +11,7 @@ from registry_coordinator.custody.sealing import (
     Purpose,
     Unopenable,
     key_of,
+    new_kek,
     open_sealed,
     seal,
     unwrap,
@@ -22,8 +24,10 @@ __all__ = [
     "Kek",
     "Place",
     "Purpose",
+    "Sealer",
     "Unopenable",
     "key_of",
+    "new_kek",
     "open_sealed",
     "seal",
     "unwrap",

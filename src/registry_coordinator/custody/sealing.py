@@ -130,6 +130,11 @@ class Kek:
         return f"Kek(version={self.version})"
 
 
+def new_kek() -> str:
+    """A new key-encryption key as ``custody.keys`` reads one: 64 hexadecimal digits."""
+    return os.urandom(KEY_BYTES).hex()
+
+
 def seal(key: DataKey, place: Place, plaintext: bytes) -> bytes:
     """``plaintext`` sealed under ``key`` for ``place``."""
     nonce = os.urandom(NONCE_BYTES)

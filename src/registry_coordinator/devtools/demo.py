@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.artifact import check_source, write
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.custody import new_kek
 from registry_coordinator.devtools.reviewer import ReviewRefused, decide
 from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import DEVELOPMENT_AUDIENCE, jwks_path, mint
@@ -171,6 +172,7 @@ class Demo:
             },
             "console": {"clientId": "registry-console"},
             "audit": {"signingKey": f"file:{self.audit_key()}"},
+            "custody": {"keys": {"1": f"file:{self.kek()}"}, "active": 1},
             "engine": {"workers": 4, "shutdownGrace": "PT5S"},
         }
         path = self.data / "coordinator.yaml"
@@ -197,6 +199,15 @@ class Demo:
                 )
             )
         return private
+
+    def kek(self) -> Path:
+        """The key-encryption key the demo's personal data is sealed under (made once,
+        kept with the demo's data: without it, what the demo's runs hold is gone)."""
+        kek = self.data / "kek-1"
+        if not kek.exists():
+            kek.touch(mode=0o600)
+            kek.write_text(new_kek() + "\n")
+        return kek
 
     def audit(self, config: Path, run_id: str) -> None:
         """Export the run's bundle and check it as an auditor would, offline."""

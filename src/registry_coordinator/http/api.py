@@ -21,6 +21,7 @@ from quart import Response, current_app, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from registry_coordinator.custody import Unopenable
 from registry_coordinator.http import admission, deliveries, probes, runs
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
@@ -90,6 +91,7 @@ def create_app(context: Context, body_limit: int, *, without: tuple[str, ...] = 
     app.register_error_handler(Problem, _refused)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Unavailable, _database_unavailable)
+    app.register_error_handler(Unopenable, _unopenable)
     return app
 
 
@@ -163,6 +165,20 @@ async def _http_error(error: HTTPException) -> Response:
         # request, so tell the client to open a new one.
         response.headers["Connection"] = "close"
     return response
+
+
+async def _unopenable(error: Unopenable) -> Response:
+    """Sealed data that does not open where it is read: not the caller's mistake, and
+    never answered with another value. The message names the run, the purpose and the
+    step, never a value."""
+    log.error("answered %s %s with 500: %s", request.method, request.path, error)
+    return problem(
+        500,
+        "run.data-unopenable",
+        f"{error}: restore the row from a backup, or configure the key-encryption key "
+        "that wrapped its data key (docs/custody.md)",
+        custody=str(error.code),
+    )
 
 
 async def _database_unavailable(error: Unavailable) -> Response:

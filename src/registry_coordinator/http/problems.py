@@ -48,6 +48,8 @@ CODES: dict[str, str] = {
     "run.binding-changed": "a resend of a request sealed under a binding its connection "
     "no longer has, without saying which to send it over",
     "run.not-found": "no run of that id that the caller may see",
+    "run.data-unopenable": "the run's sealed data does not open here: moved from another "
+    "row, changed, or under a key this configuration does not hold",
     "run.archived": "the run ended and was archived: its history is in the bundle named",
     "run.key-reused": "the Idempotency-Key started a run of another workflow, version or input",
     "run.ended": "the run has already ended",

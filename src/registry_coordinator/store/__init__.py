@@ -7,6 +7,13 @@ request: the engine above decides, the store writes what it decided in one short
 transaction. The face callers use is this package (``store.commit``, ``store.Claimed``):
 :mod:`runs` and the modules it re-exports (:mod:`claims`, :mod:`leases`,
 :mod:`statements`, and the typed records of its reads, :mod:`records`) behind it.
+The data keys personal data is sealed under are kept here too (:mod:`keys`); the
+database's connections open what a run's row holds sealed, so no read hands on a
+sealed value as if it were the value.
+
+The package is larger than a room (16 modules): the data keys came in with issue 33,
+and what the console alone reads (:mod:`console_reads`, :mod:`sessions`) is the
+split it waits for, once the sealed reads of that issue have settled.
 """
 
 from registry_coordinator.store.runs import *  # noqa: F403  (the face: runs.__all__)

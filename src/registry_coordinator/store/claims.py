@@ -52,6 +52,7 @@ class Claimed:
     dispatched: bool  # a call's request was sealed and may have left, with no outcome recorded
     traceparent: str | None  # the trace context its spans continue: its start request's
     clock: tuple[datetime, float] = field(repr=False)  # database time at claim, trio time then
+    sealed: bool = False  # its personal data is sealed (runs.data_key): so is what it records
 
     @classmethod
     def from_row(cls, row: Row) -> Claimed:
@@ -75,6 +76,7 @@ class Claimed:
             dispatched=row["dispatched_at"] is not None,
             traceparent=row["traceparent"],
             clock=(row["now"], trio.current_time()),
+            sealed=row["data_key"] is not None,
         )
 
     def now(self) -> datetime:

@@ -55,6 +55,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.waiting import Ready, Wait
 
+from registry_coordinator.custody import CustodyCode, Purpose, Sealer, Unopenable
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
 #: A row as psycopg reads it: column name -> value, typed by the query alone (the records
@@ -248,19 +249,28 @@ class _TrioConnection(psycopg.AsyncConnection[Row]):
 
 
 class Connection:
-    """One checked-out connection; every call runs a named query."""
+    """One checked-out connection; every call runs a named query.
+
+    With a :class:`~registry_coordinator.custody.Sealer` (its database's, given at each
+    checkout), a run's sealed columns come back opened: a row with ``input``,
+    ``outputs`` or ``output`` must say by ``data_key`` whether its run's are sealed, so
+    that no query can hand a sealed value on as if it were the value."""
 
     def __init__(self, raw: _TrioConnection) -> None:
         self.raw = raw
+        self.sealer: Sealer | None = None
 
     async def rows(self, query: str, params: Params | None = None) -> list[Row]:
         """Run a named query and return its rows, if it has any."""
         sql = named(query)
         try:
             cursor = await self.raw.execute(sql, _adapt(params))
-            return [] if cursor.description is None else await cursor.fetchall()
+            rows = [] if cursor.description is None else await cursor.fetchall()
         except psycopg.Error as exc:
             raise _translated(exc) from None
+        if rows and not SEALED_COLUMNS.isdisjoint(rows[0]):
+            return [open_row(query, row, self.sealer) for row in rows]
+        return rows
 
     async def row(self, query: str, params: Params | None = None) -> Row | None:
         found = await self.rows(query, params)
@@ -303,6 +313,33 @@ class Connection:
         await self._statement(b"COMMIT")
 
 
+#: A run's columns that hold its personal data, sealed when its ``data_key`` is set.
+SEALED_COLUMNS = frozenset({"input", "outputs", "output"})
+
+
+def open_row(query: str, row: Row, sealer: Sealer | None) -> Row:
+    """``row`` (of the named ``query``) with its run's sealed columns opened (as it is,
+    for a run not sealed)."""
+    assert "data_key" in row, f"{query} reads a run's sealed columns without runs.data_key"
+    if row["data_key"] is None:
+        return row
+    if sealer is None:
+        raise Unopenable(
+            CustodyCode.UNKNOWN_KEY,
+            f"run {row['id']}'s data is sealed, and the configuration has no custody keys: "
+            "give custody: {keys: ..., active: N} as it was",
+        )
+    run, opened = row["id"], dict(row)
+    if opened.get("input") is not None:
+        opened["input"] = sealer.open(run, Purpose.INPUT, "", opened["input"])
+    if opened.get("outputs") is not None:
+        outputs = opened["outputs"].items()
+        opened["outputs"] = {k: sealer.open(run, Purpose.OUTPUT, k, v) for k, v in outputs}
+    if opened.get("output") is not None:
+        opened["output"] = sealer.open(run, Purpose.OUTPUT, "", opened["output"])
+    return opened
+
+
 def _adapt(params: Params | None) -> dict[str, object] | None:
     """Dicts are sent as jsonb (lists stay arrays); everything else as psycopg adapts it."""
     if params is None:
@@ -330,6 +367,8 @@ class Database:
         self.application_name = application_name  # on every session, in pg_stat_activity
         self.pooler = pooler
         self.listen_dsn = listen_dsn or dsn
+        #: What seals and opens runs' personal data here (None: nothing is sealed).
+        self.sealer: Sealer | None = None
         self._send, self._receive = trio.open_memory_channel[Connection | None](size)
 
     async def open(self) -> Self:
@@ -380,6 +419,7 @@ class Database:
                     conn.raw.close_now()
                 conn = None
                 conn = await self._connect()
+            conn.sealer = self.sealer
             yield conn
         finally:
             if conn is not None and not conn.raw.idle:

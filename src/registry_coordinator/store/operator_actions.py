@@ -20,6 +20,7 @@ from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.store.database import Connection, Database, Row
 from registry_coordinator.store.records import known
+from registry_coordinator.store.statements import sealed_outputs
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class OperatorRun:
     attempt: int
     dispatched_at: datetime | None
     hold_code: HoldCode | str | None  # a code this build does not know, as stored
+    sealed: bool  # its personal data is sealed (runs.data_key): so is a reconciled output
 
     @classmethod
     def from_row(cls, row: Row) -> Self:
@@ -47,6 +49,7 @@ class OperatorRun:
             attempt=row["attempt"],
             dispatched_at=row["dispatched_at"],
             hold_code=known(HoldCode, row["hold_code"]),
+            sealed=row["data_key"] is not None,
         )
 
 
@@ -86,11 +89,10 @@ class LockedRun:
     ) -> None:
         """reconcile: the held call ``step`` completes with the product's ``output``, and
         the run goes on to ``next_step``."""
+        outputs = sealed_outputs(self.conn.sealer, self.run.id, self.run.sealed, {step: output})
         await self.conn.row(
             "operator_complete",
-            self._fenced(
-                next=next_step, step=step, outputs={step: output}, actor=actor, event=event
-            ),
+            self._fenced(next=next_step, step=step, outputs=outputs, actor=actor, event=event),
         )
 
 

@@ -27,6 +27,7 @@ GRANTS: dict[str, tuple[str, ...]] = {
     "console_logins": ("SELECT", "INSERT", "DELETE"),
     "console_sessions": ("SELECT", "INSERT", "DELETE"),
     "coordinator_migrations": ("SELECT",),
+    "data_keys": ("SELECT", "INSERT", "UPDATE"),
     "definitions": ("SELECT", "INSERT"),
     "deliveries": ("SELECT", "INSERT"),
     "executions": ("SELECT", "INSERT", "UPDATE"),

@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from registry_coordinator.authoring.canonical import JSON, canonical_bytes, digest_of
 from registry_coordinator.authoring.definition import Definition
+from registry_coordinator.custody import Purpose, Sealer
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Request, Transition
@@ -204,14 +205,17 @@ async def admit(
     one), one more when not.
     """
     started = start_digest(definition.id, asked_version, run_input)
+    run_id = run_id or uuid.uuid4()
+    sealer = db.sealer
     params = {
-        "id": run_id or uuid.uuid4(),
+        "id": run_id,
         "digest": digest,
         "workflow_id": definition.id,
         "caller": caller,
         "start_key": start_key,
         "start_digest": started,
-        "input": Jsonb(run_input),
+        "input": Jsonb(_sealed_input(sealer, run_id, run_input)),
+        "data_key": sealer.key.id if sealer is not None else None,
         "step": definition.workflow.start,
         "deadline": definition.workflow.deadline,
         "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
@@ -247,15 +251,21 @@ async def admit_many(
         for start in starts
     }
     assert len(asked) == len(starts), "each start of a batch has its own key"
+    run_ids = list(ids) if ids is not None else [uuid.uuid4() for _ in starts]
+    sealer = db.sealer
     params = {
         "caller": caller,
-        "ids": list(ids) if ids is not None else [uuid.uuid4() for _ in starts],
+        "ids": run_ids,
         "traceparents": list(traceparents) if traceparents is not None else [None] * len(starts),
         "digests": [start.digest for start in starts],
         "workflow_ids": [start.definition.id for start in starts],
         "start_keys": list(asked),
         "start_digests": list(asked.values()),
-        "inputs": [Jsonb(start.run_input) for start in starts],
+        "inputs": [
+            Jsonb(_sealed_input(sealer, run_id, start.run_input))
+            for run_id, start in zip(run_ids, starts, strict=True)
+        ],
+        "data_key": sealer.key.id if sealer is not None else None,
         "steps": [start.definition.workflow.start for start in starts],
         "deadlines": [start.definition.workflow.deadline for start in starts],
     }
@@ -270,6 +280,11 @@ async def admit_many(
     if left:
         outcomes |= await _not_admitted(db, caller, left, rows[0])
     return [outcomes[key] for key in asked]
+
+
+def _sealed_input(sealer: Sealer | None, run: uuid.UUID, run_input: JSON) -> JSON:
+    """A new run's input as its row holds it: sealed, with custody."""
+    return run_input if sealer is None else sealer.seal(run, Purpose.INPUT, "", run_input)
 
 
 async def _not_admitted(
@@ -334,7 +349,7 @@ async def advance_sleepers(
     transaction ``conn`` is in; returns the runs it moved."""
     if not plans:
         return set()
-    rows = await conn.rows("advance_sleepers", statements.batch(plans, now, actor))
+    rows = await conn.rows("advance_sleepers", statements.batch(plans, now, actor, conn.sealer))
     return {row["run_id"] for row in rows}
 
 
@@ -523,7 +538,7 @@ async def commit(
     async with db.connection() as conn:
         if planned.wait is not None:
             return await _begin_waiting(conn, run, planned, planned.wait)
-        if await conn.row("transition", planned.statement):
+        if await conn.row("transition", statements.sealed(planned, conn.sealer)):
             return planned.committed()
         return await _unmoved(
             conn,
@@ -585,7 +600,7 @@ async def _unmoved(
         go_on=False,
         outcome=outcome,
     )
-    if not await conn.row("transition", instead.statement):
+    if not await conn.row("transition", statements.sealed(instead, conn.sealer)):
         raise LeaseLost(str(run.id))
     return instead.committed()
 
@@ -597,7 +612,7 @@ async def _begin_waiting(
     transaction that first takes the result key's lock, as a delivery does."""
     async with conn.transaction():
         await conn.execute("lock_result_key", wait)
-        if not await conn.row("transition", planned.statement):
+        if not await conn.row("transition", statements.sealed(planned, conn.sealer)):
             raise LeaseLost(str(run.id))
         crash_point("mid-transition")
         woken = await conn.row("register_wait", wait)

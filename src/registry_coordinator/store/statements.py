@@ -29,6 +29,7 @@ from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.authoring.workflow import WaitFor
+from registry_coordinator.custody import CustodyCode, Purpose, Sealer, Unopenable
 from registry_coordinator.semantics.codes import FailureCode, RunState
 from registry_coordinator.semantics.steps import (
     Advance,
@@ -371,7 +372,7 @@ _BATCHED = (
 )
 
 
-def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, object]:
+def batch(plans: list[Plan], now: datetime, actor: str, sealer: Sealer | None) -> dict[str, object]:
     """One ``advance_sleepers`` statement for many runs' plans, all decided at ``now`` by
     ``actor`` and none keeping a lease: each run's ``transition`` parameters as a record,
     and every run's events as records naming their run and place, in one jsonb document
@@ -379,11 +380,12 @@ def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, object]:
     of each column. A finished run's output goes boxed (``[output]``), so that a null
     output stays the JSON null a ``transition`` statement writes, not an SQL NULL.
     A plan that records a call's outcome, reads a result, registers a wait or keeps its
-    lease has no place here: it needs its own statement."""
+    lease has no place here: it needs its own statement. What a sealed run records is
+    sealed with ``sealer`` (:func:`sealed`)."""
     runs: list[dict[str, object]] = []
     events: list[dict[str, object]] = []
     for plan in plans:
-        params = plan.statement
+        params = sealed(plan, sealer)
         assert plan.wait is None and params["lease_token"] is None, "needs its own statement"
         assert params["call_outcome"] is None and "result-read" not in params["kinds"]
         kinds = params["kinds"]
@@ -408,6 +410,40 @@ def batch(plans: list[Plan], now: datetime, actor: str) -> dict[str, object]:
         "now": now,
         "actor": actor,
     }
+
+
+def sealed_outputs(
+    sealer: Sealer | None, run: uuid.UUID, sealed: bool, outputs: dict[str, JSON]
+) -> dict[str, JSON]:
+    """Steps' ``outputs`` as the run's row holds them: sealed, if its data is."""
+    if not sealed:
+        return outputs
+    custody = _sealer(sealer, run)
+    return {step: custody.seal(run, Purpose.OUTPUT, step, value) for step, value in outputs.items()}
+
+
+def sealed(plan: Plan, sealer: Sealer | None) -> Statement:
+    """The plan's statement as the run's row holds what it records: its steps' outputs
+    and its output sealed, if the run's data is (a run admitted without custody keeps
+    its values as they are, so that its row stays readable)."""
+    statement = plan.statement
+    if not plan.run.sealed:
+        return statement
+    run = statement["id"]
+    copy = statement.copy()
+    copy["outputs"] = sealed_outputs(sealer, run, True, statement["outputs"])
+    output = statement["output"]
+    if output is not None:
+        copy["output"] = Jsonb(_sealer(sealer, run).seal(run, Purpose.OUTPUT, "", output.obj))
+    return copy
+
+
+def _sealer(sealer: Sealer | None, run: uuid.UUID) -> Sealer:
+    if sealer is None:
+        raise Unopenable(
+            CustodyCode.KEK_MISSING, f"run {run}'s data is sealed, and no custody key is here"
+        )
+    return sealer
 
 
 def _dumps(value: object) -> str:

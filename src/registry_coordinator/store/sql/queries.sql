@@ -59,18 +59,18 @@ WITH gate AS MATERIALIZED (
     SELECT held, reason, actor FROM admission FOR SHARE
 ), admitted AS (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
-                      state, step, seq, due_at, admitted_at, deadline_at, updated_at,
-                      traceparent)
+                      data_key, state, step, seq, due_at, admitted_at, deadline_at,
+                      updated_at, traceparent)
     SELECT %(id)s, %(digest)s, %(workflow_id)s, %(caller)s, %(start_key)s, %(start_digest)s,
-           %(input)s, 'running', %(step)s, 1, now(), now(), now() + %(deadline)s, now(),
-           %(traceparent)s
+           %(input)s, %(data_key)s, 'running', %(step)s, 1, now(), now(),
+           now() + %(deadline)s, now(), %(traceparent)s
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
       AND NOT EXISTS (SELECT FROM archived_runs  -- a key is remembered past archiving
                       WHERE caller = %(caller)s AND start_key = %(start_key)s)
     ON CONFLICT (caller, start_key) DO NOTHING  -- runs_by_start_keys then finds the run
     RETURNING id, workflow_id, digest, caller, state, step, seq, attempt, timer_at, outcome,
-              output, failure_code, hold_code, detail, admitted_at, deadline_at, updated_at,
-              ended_at
+              output, data_key, failure_code, hold_code, detail, admitted_at, deadline_at,
+              updated_at, ended_at
 ), evented AS (
     INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
     SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
@@ -79,7 +79,7 @@ WITH gate AS MATERIALIZED (
 SELECT gate.held, gate.reason, gate.actor,
        (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
        r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
-       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail, r.admitted_at,
+       r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail, r.admitted_at,
        r.deadline_at, r.updated_at, r.ended_at,
        NULL::integer AS late_attempt, NULL::integer AS late_status,  -- a new run holds no
        NULL::timestamptz AS late_at,                                 -- late answer
@@ -98,11 +98,11 @@ WITH gate AS MATERIALIZED (
     SELECT held, reason, actor FROM admission FOR SHARE
 ), admitted AS (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
-                      state, step, seq, due_at, admitted_at, deadline_at, updated_at,
-                      traceparent)
+                      data_key, state, step, seq, due_at, admitted_at, deadline_at,
+                      updated_at, traceparent)
     SELECT s.id, s.digest, s.workflow_id, %(caller)s, s.start_key,
-           s.start_digest, s.input, 'running', s.step, 1, now(), now(), now() + s.deadline,
-           now(), s.traceparent
+           s.start_digest, s.input, %(data_key)s, 'running', s.step, 1, now(), now(),
+           now() + s.deadline, now(), s.traceparent
     FROM unnest(%(ids)s::uuid[], %(digests)s::text[], %(workflow_ids)s::text[],
                 %(start_keys)s::text[], %(start_digests)s::text[], %(inputs)s::jsonb[],
                 %(steps)s::text[], %(deadlines)s::interval[], %(traceparents)s::text[])
@@ -114,8 +114,8 @@ WITH gate AS MATERIALIZED (
     ORDER BY s.start_key
     ON CONFLICT (caller, start_key) DO NOTHING  -- runs_by_start_keys then finds the run
     RETURNING id, workflow_id, digest, caller, state, step, seq, attempt, timer_at, outcome,
-              output, failure_code, hold_code, detail, admitted_at, deadline_at, updated_at,
-              ended_at, start_key
+              output, data_key, failure_code, hold_code, detail, admitted_at, deadline_at,
+              updated_at, ended_at, start_key
 ), evented AS (
     INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
     SELECT r.id, 1, r.admitted_at, 'admitted', r.step, %(caller)s,
@@ -128,7 +128,7 @@ SELECT gate.held, gate.reason, gate.actor,
        (SELECT pg_notify('coordinator_wake', 'admitted') WHERE EXISTS (SELECT FROM evented))
            AS notified,
        r.start_key, r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq,
-       r.attempt, r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.attempt, r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
        NULL::integer AS late_attempt, NULL::integer AS late_status,  -- a new run holds no
        NULL::timestamptz AS late_at,                                 -- late answer
@@ -144,9 +144,9 @@ LEFT JOIN (admitted r JOIN evented e ON e.run_id = r.id) ON true;
 -- Retention moves a run from runs to archived_runs in one transaction, so a key names
 -- at most one of the two.
 SELECT r.start_key, r.start_digest, r.id, r.workflow_id, d.version, r.digest, r.caller,
-       r.state, r.step, r.seq, r.attempt, r.timer_at, r.outcome, r.output, r.failure_code,
-       r.hold_code, r.detail, r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
-       late.attempt AS late_attempt, late.late_status, late.late_at,
+       r.state, r.step, r.seq, r.attempt, r.timer_at, r.outcome, r.output, r.data_key,
+       r.failure_code, r.hold_code, r.detail, r.admitted_at, r.deadline_at, r.updated_at,
+       r.ended_at, late.attempt AS late_attempt, late.late_status, late.late_at,
        encode(head.hash, 'hex') AS head,
        NULL::timestamptz AS archived_at, NULL::text AS bundle, NULL::text AS sha256
 FROM runs r JOIN definitions d ON d.digest = r.digest
@@ -159,7 +159,7 @@ LEFT JOIN LATERAL (  -- as run_status: a held call's latest late answer
 WHERE r.caller = %(caller)s AND r.start_key = ANY (%(start_keys)s::text[])
 UNION ALL
 SELECT a.start_key, a.start_digest, a.id, a.workflow_id, NULL, a.digest, a.caller, a.state,
-       NULL, a.seq, NULL, NULL, a.outcome, NULL, NULL, NULL, NULL, a.admitted_at, NULL, NULL,
+       NULL, a.seq, NULL, NULL, a.outcome, NULL, NULL, NULL, NULL, NULL, a.admitted_at, NULL, NULL,
        a.ended_at, NULL, NULL, NULL, encode(a.head, 'hex'), a.archived_at, a.bundle, a.sha256
 FROM archived_runs a
 WHERE a.caller = %(caller)s AND a.start_key = ANY (%(start_keys)s::text[]);
@@ -167,7 +167,7 @@ WHERE a.caller = %(caller)s AND a.start_key = ANY (%(start_keys)s::text[]);
 -- name: run_status
 -- One run as its status shows it, with a held call's late answer, if one came.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
-       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
        late.attempt AS late_attempt, late.late_status, late.late_at,
        encode(head.hash, 'hex') AS head
@@ -201,8 +201,8 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) due
 WHERE r.id = due.id
-RETURNING r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.checks,
-          r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
+RETURNING r.id, r.workflow_id, r.digest, r.input, r.data_key, r.state, r.step, r.seq,
+          r.attempt, r.checks, r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
           r.lease_token, r.dispatched_at, r.traceparent, clock_timestamp() AS now;
 
 -- name: next_due
@@ -230,8 +230,8 @@ SELECT (SELECT EXTRACT(EPOCH FROM (min(due_at) - clock_timestamp()))::float8
 WITH clock AS (
     SELECT clock_timestamp() AS now
 )
-SELECT r.id, r.workflow_id, r.digest, r.input, r.state, r.step, r.seq, r.attempt, r.checks,
-       r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at,
+SELECT r.id, r.workflow_id, r.digest, r.input, r.data_key, r.state, r.step, r.seq, r.attempt,
+       r.checks, r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at,
        %(owner)s::text AS lease_owner, r.lease_token, r.dispatched_at, r.traceparent, clock.now
 FROM runs r, clock
 WHERE r.wakes_to IS NOT NULL AND r.timer_at <= clock.now AND r.state = 'waiting'
@@ -490,7 +490,7 @@ SELECT at, held, reason, actor FROM changed;
 
 -- name: operator_run
 -- A run as an operator action needs it, locked against the engine for the action.
-SELECT id, digest, state, step, seq, attempt, dispatched_at, hold_code
+SELECT id, digest, state, step, seq, attempt, dispatched_at, hold_code, data_key
 FROM runs WHERE id = %(id)s FOR UPDATE;
 
 -- name: operator_note
@@ -714,7 +714,7 @@ ORDER BY attempt DESC LIMIT 1;
 -- and not a limit), admitted in [since, until), and %(contains)s, a LIKE pattern (its
 -- user's text escaped by the store) matched against the start key or the input's text.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
-       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
        late.attempt AS late_attempt, late.late_status, late.late_at,
        encode(head.hash, 'hex') AS head
@@ -735,7 +735,8 @@ WHERE (%(caller)s::text IS NULL OR r.caller = %(caller)s)
   AND (%(since)s::timestamptz IS NULL OR r.admitted_at >= %(since)s)
   AND (%(until)s::timestamptz IS NULL OR r.admitted_at < %(until)s)
   AND (%(contains)s::text IS NULL
-       OR r.start_key ILIKE %(contains)s OR r.input::text ILIKE %(contains)s)
+       OR r.start_key ILIKE %(contains)s
+       OR (r.data_key IS NULL AND r.input::text ILIKE %(contains)s))
 ORDER BY r.admitted_at DESC, r.id DESC
 LIMIT %(limit)s;
 
@@ -768,7 +769,7 @@ WHERE r.state = 'held' AND r.ended_at IS NULL;
 -- the run's last change (a late answer is one). ended_at IS NULL, always true of a held
 -- run, lets the planner use runs_active.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
-       r.timer_at, r.outcome, r.output, r.failure_code, r.hold_code, r.detail,
+       r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
        late.attempt AS late_attempt, late.late_status, late.late_at,
        sent.attempt AS exec_attempt, sent.method, sent.url, sent.idempotency_key,
@@ -803,7 +804,7 @@ WHERE r.state = 'held' AND r.ended_at IS NULL
 
 -- name: console_run_detail
 -- What a run's page shows besides its status: its input, start key, steps' outputs and instants.
-SELECT input, start_key, completed, outputs FROM runs WHERE id = %(id)s;
+SELECT id, input, data_key, start_key, completed, outputs FROM runs WHERE id = %(id)s;
 
 -- name: console_executions
 -- Every sending of a run's calls, in the order they were sealed: what was sent, what came back.
@@ -1042,6 +1043,15 @@ LEFT JOIN LATERAL (
 WHERE a.id > %(after)s AND (%(run)s::uuid IS NULL OR a.id = %(run)s)
 ORDER BY a.id
 LIMIT %(limit)s;
+
+-- name: data_keys_held
+-- Every data key, wrapped, with the KEK version it is wrapped under (NULL: erased).
+SELECT id, subject IS NULL AS shared, kek, wrapped FROM data_keys ORDER BY id;
+
+-- name: make_shared_data_key
+-- The installation's shared data key, unless another process made it first.
+INSERT INTO data_keys (id, kek, wrapped) VALUES (%(id)s, %(kek)s, %(wrapped)s)
+ON CONFLICT DO NOTHING;
 
 -- name: timeline
 -- The database's installation and how far its timeline has come.

@@ -1,0 +1,120 @@
+"""Personal data sealed at rest, tried as someone holding a database dump would: a run's
+input, its steps' outputs and its output are ciphertext in the rows and in ``pg_dump``,
+read back in clear only through the service; a sealed value copied into another run's
+row does not open there, and says so; a database whose data keys the configuration
+cannot open is refused at startup, in one line, before any run needs them.
+
+The canary is a product's record: stand-in BReg makes a record's e-mail address from its
+id, so the address appears nowhere but in what the run read and kept.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import sync_connection
+from tests.support import PG_BIN, Service, Services, coordinator, run_state, wait_state
+
+RECORDS: dict[str, tuple[str, dict[str, str]]] = {"records": ("breg", {})}
+
+
+def _email(record: str) -> str:
+    """The e-mail address stand-in BReg's record ``record`` holds."""
+    return f"applicant+{record[:8]}@example.org"
+
+
+def _looked_up(dsn: str, services: Services, count: int) -> tuple[Service, list[tuple[str, str]]]:
+    """``count`` finished runs of ``lookup``, each with the record id it read."""
+    service, _ = services.deploy(["lookup"], RECORDS)
+    runs = []
+    for _ in range(count):
+        record = str(uuid.uuid4())
+        runs.append((service.start_run("lookup", {"recordId": record}), record))
+    for run, _ in runs:
+        wait_state(dsn, run, RunState.FINISHED)
+    return service, runs
+
+
+def _dumped(dsn: str, directory: Path) -> bytes:
+    """The whole database as a plain (uncompressed) ``pg_dump`` writes it."""
+    out = directory / "dump.sql"
+    dump = [str(PG_BIN / "pg_dump"), "--format=plain", f"--file={out}", f"--dbname={dsn}"]
+    subprocess.run(dump, check=True, capture_output=True)
+    return out.read_bytes()
+
+
+def test_a_runs_data_is_ciphertext_in_the_rows_and_the_dump(dsn: str, services: Services) -> None:
+    service, [(run, record)] = _looked_up(dsn, services, 1)
+    email = _email(record)
+    assert service.status(run)["output"] == {"email": email}  # in clear to its caller
+    with sync_connection(dsn) as conn:
+        row = conn.execute(
+            "SELECT data_key, input, outputs, output FROM runs WHERE id = %s", (run,)
+        ).fetchone()
+    assert row is not None and row["data_key"] is not None
+    assert all(isinstance(row[c], str) for c in ("input", "output")), row
+    assert all(isinstance(v, str) for v in row["outputs"].values()), row["outputs"]
+    assert email not in json.dumps(row) and record not in json.dumps(row)
+    opened = run_state(dsn, run)  # the tests' key-encryption key opens them
+    assert opened["input"] == {"recordId": record} and opened["output"] == {"email": email}
+    assert opened["outputs"]["read"]["data"]["domainData"]["email"] == email
+
+    dump = _dumped(dsn, services.directory)
+    assert run.encode() in dump  # ids stay in clear (docs/custody.md says why)
+    assert email.encode() not in dump
+
+
+def test_a_sealed_value_copied_to_another_run_does_not_open(dsn: str, services: Services) -> None:
+    service, [(first, record), (second, _)] = _looked_up(dsn, services, 2)
+    email = _email(record)
+    with sync_connection(dsn) as conn:
+        conn.execute(
+            "UPDATE runs SET output = (SELECT output FROM runs WHERE id = %s) WHERE id = %s",
+            (first, second),
+        )
+    refused = service.http.get(f"/v1/runs/{second}")
+    assert refused.status_code == 500, refused.text
+    problem = refused.json()
+    assert problem["code"] == "run.data-unopenable"
+    assert f"the output of run {second} does not open here" in problem["detail"]
+    assert problem["custody"] == "custody.not-authentic"
+    assert email not in refused.text
+    assert service.status(first)["output"] == {"email": email}  # the original still opens
+    with service.log.open() as log:
+        assert email not in log.read()
+
+
+def _without_custody(config: Path, custody: object) -> Path:
+    changed = config.with_name(f"custody-{uuid.uuid4().hex[:6]}.json")
+    settings = json.loads(config.read_text())
+    if custody is None:
+        del settings["custody"]
+    else:
+        settings["custody"] = custody
+    changed.write_text(json.dumps(settings))
+    return changed
+
+
+def test_a_database_whose_keys_do_not_open_is_refused_at_start(
+    dsn: str, services: Services
+) -> None:
+    service, _ = _looked_up(dsn, services, 1)
+    assert service.stop() == 0
+
+    bare = coordinator("serve", "--config", _without_custody(service.config, None))
+    assert bare.returncode == 1, bare.stderr
+    assert bare.stderr.count("\n") == 1 and "Traceback" not in bare.stderr
+    assert "the database holds 1 data keys" in bare.stderr, bare.stderr
+    assert "give custody: {keys: ..., active: N}" in bare.stderr
+
+    other = services.directory / "other-kek"
+    other.write_text("ab" * 32 + "\n")
+    wrong = {"keys": {"1": f"file:{other}"}, "active": 1}
+    refused = coordinator("serve", "--config", _without_custody(service.config, wrong))
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert "(custody.not-authentic)" in refused.stderr, refused.stderr
