@@ -38,8 +38,10 @@ from registry_coordinator.config import (
     Config,
     ConfigReading,
     ConnectionConfig,
+    CustodyConfig,
     DatabaseConfig,
 )
+from registry_coordinator.custody import Unopenable
 from registry_coordinator.engine import destinations
 from registry_coordinator.engine.calls import open_products
 from registry_coordinator.engine.high_water import MarkUnusable, read_mark
@@ -49,7 +51,7 @@ from registry_coordinator.errors import CoordinatorError, ExitCode
 from registry_coordinator.http.auth import KeySet
 from registry_coordinator.observability.tracing import OTLP_EXPORTER
 from registry_coordinator.service import open_database_unchecked
-from registry_coordinator.store import poolers, roles, timeline
+from registry_coordinator.store import keys, poolers, roles, timeline
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.migrations import check_server, known, pending
 
@@ -161,7 +163,10 @@ def database_repair(exc: CoordinatorError) -> str:
 
 
 async def _database(
-    database: DatabaseConfig, connections: dict[str, ConnectionConfig], found: Findings
+    database: DatabaseConfig,
+    connections: dict[str, ConnectionConfig],
+    custody: CustodyConfig | None,
+    found: Findings,
 ) -> None:
     try:
         async with open_database_unchecked(database, "coordinator/doctor", size=1) as db:
@@ -171,6 +176,8 @@ async def _database(
                     await _role(db, found)
                 await _timeline(db, database, found)
                 await _bindings(db, connections, found)
+                if custody is not None:
+                    await _custody(db, custody, found)
     except CoordinatorError as exc:
         say = found.unreachable if exc.exit_code == ExitCode.UNAVAILABLE else found.refuse
         say(f"database: {exc.line()}", database_repair(exc))
@@ -242,6 +249,41 @@ async def _bindings(
         f"{now['baseUrl'] if now else 'not configured'})",
         "a resend goes where it was sealed to; retry-same of a held one asks which "
         '({"binding": "sealed"} or "current")',
+    )
+
+
+async def _custody(db: Database, custody: CustodyConfig, found: Findings) -> None:
+    """The database's data keys held against the configured KEKs, as ``serve`` will
+    unwrap them, and keys left under a version other than the active one."""
+    try:
+        counts = await keys.versions(db, custody)
+    except Unopenable as exc:
+        found.refuse(
+            f"custody: {exc}",
+            "list every key-encryption key that wraps a data key under custody.keys "
+            "(docs/operations.md, 'Personal data at rest')",
+        )
+        return
+    if custody.active is None:
+        found.warn(
+            "custody is not configured: runs' inputs and outputs are stored in clear",
+            "make a key-encryption key (coordinator keys generate) and give custody: "
+            '{keys: {"1": file:/path}, active: 1}',
+        )
+        return
+    others = {v: n for v, n in counts.items() if v != custody.active}
+    if others:
+        found.warn(
+            f"{sum(others.values())} data keys are wrapped under key-encryption key "
+            f"{', '.join(map(str, sorted(others)))}, not the active {custody.active}",
+            "run coordinator keys rotate --config FILE",
+        )
+        return
+    held = counts.get(custody.active, 0)
+    found.ok(
+        f"custody: {held} data keys, all under key-encryption key {custody.active}"
+        if held
+        else f"custody: no data key yet; serve makes one under key-encryption key {custody.active}"
     )
 
 
@@ -400,7 +442,8 @@ def doctor(path: Path) -> int:
 
     async def online() -> None:
         if database is not None:
-            await _database(database, reading.connections, found)
+            custody = config.custody if config is not None else None
+            await _database(database, reading.connections, custody, found)
         auth = config.auth if config is not None else None
         await _products(connections, auth, found)
 

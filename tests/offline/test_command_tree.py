@@ -80,6 +80,7 @@ TREE = {
     "coordinator audit keygen": {"--out": REQUIRED},
     "coordinator keys": {"<keys>": REQUIRED},
     "coordinator keys generate": {"--out": REQUIRED},
+    "coordinator keys rotate": {"--config": REQUIRED},
     "coordinator runs": {"<action>": REQUIRED},
     "coordinator runs start": {
         **REMOTE,

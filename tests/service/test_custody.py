@@ -2,7 +2,9 @@
 input, its steps' outputs and its output are ciphertext in the rows and in ``pg_dump``,
 read back in clear only through the service; a sealed value copied into another run's
 row does not open there, and says so; a database whose data keys the configuration
-cannot open is refused at startup, in one line, before any run needs them.
+cannot open is refused at startup, in one line, before any run needs them; and a
+rotation to a new key-encryption key, killed between two keys while the service runs,
+loses nothing and goes on where it stopped.
 
 The canary is a product's record: stand-in BReg makes a record's e-mail address from its
 id, so the address appears nowhere but in what the run read and kept.
@@ -11,13 +13,24 @@ id, so the address appears nowhere but in what the run read and kept.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import uuid
 from pathlib import Path
 
+from registry_coordinator.custody import DataKey, wrap
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
-from tests.support import PG_BIN, Service, Services, coordinator, run_state, wait_state
+from tests.support import (
+    PG_BIN,
+    Service,
+    Services,
+    coordinator,
+    run_state,
+    services_kek,
+    wait_state,
+)
 
 RECORDS: dict[str, tuple[str, dict[str, str]]] = {"records": ("breg", {})}
 
@@ -118,3 +131,68 @@ def test_a_database_whose_keys_do_not_open_is_refused_at_start(
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
     assert "(custody.not-authentic)" in refused.stderr, refused.stderr
+
+
+def _keys_by_version(dsn: str) -> dict[int, int]:
+    with sync_connection(dsn) as conn:
+        rows = conn.execute("SELECT kek, count(*) AS n FROM data_keys GROUP BY kek").fetchall()
+    return {row["kek"]: row["n"] for row in rows}
+
+
+def _subjects_keys(dsn: str, count: int) -> None:
+    """``count`` more data keys wrapped under the services' KEK 1, as data subjects' are."""
+    kek = services_kek(dsn)
+    with sync_connection(dsn) as conn:
+        timeline = conn.execute("SELECT installation FROM timeline").fetchone()
+        assert timeline is not None
+        for _ in range(count):
+            key = DataKey(secrets.randbits(63) or 1, os.urandom(32))
+            conn.execute(
+                "INSERT INTO data_keys (id, subject, kek, wrapped) VALUES (%s, %s, 1, %s)",
+                (key.id, os.urandom(32), wrap(kek, timeline["installation"], key)),
+            )
+
+
+def test_a_rotation_killed_midway_loses_nothing(dsn: str, services: Services) -> None:
+    service, [(run, record)] = _looked_up(dsn, services, 1)
+    _subjects_keys(dsn, 2)
+    old = json.loads(service.config.read_text())["custody"]["keys"]["1"]
+    new = services.directory / "kek-2"
+    assert coordinator("keys", "generate", "--out", new).returncode == 0
+    both = _without_custody(service.config, {"keys": {"1": old, "2": f"file:{new}"}, "active": 2})
+
+    killed = coordinator(
+        "keys", "rotate", "--config", both, env={"COORDINATOR_CRASH_AT": "mid-rotation:2"}
+    )
+    assert killed.returncode == -9, killed.stderr  # the first key stored, the second not
+    assert _keys_by_version(dsn) == {1: 2, 2: 1}
+    assert service.status(run)["output"] == {"email": _email(record)}  # served meanwhile
+    looked = coordinator("doctor", "--config", both)
+    assert (
+        "WARN  2 data keys are wrapped under key-encryption key 1, not the active 2: "
+        "run coordinator keys rotate --config FILE\n"
+    ) in looked.stdout, looked.stdout
+    later = str(uuid.uuid4())
+    wait_state(dsn, service.start_run("lookup", {"recordId": later}), RunState.FINISHED)
+
+    again = coordinator("keys", "rotate", "--config", both)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == (
+        "wrapped 2 data keys again under key-encryption key 2 (1 were under it already, "
+        "0 erased); every data key is under it: the other versions may leave custody.keys "
+        "once no backup needs them\n"
+    )
+    assert _keys_by_version(dsn) == {2: 3}
+    assert "ok    custody: 3 data keys, all under key-encryption key 2\n" in (
+        coordinator("doctor", "--config", both).stdout
+    )
+    assert service.stop() == 0
+
+    only_new = _without_custody(service.config, {"keys": {"2": f"file:{new}"}, "active": 2})
+    after = services.start(only_new)
+    assert after.status(run)["output"] == {"email": _email(record)}
+    assert after.stop() == 0
+    only_old = _without_custody(service.config, {"keys": {"1": old}, "active": 1})
+    refused = coordinator("serve", "--config", only_old)
+    assert refused.returncode == 1, refused.stderr
+    assert "(custody.kek-missing)" in refused.stderr, refused.stderr

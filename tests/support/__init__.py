@@ -67,7 +67,15 @@ from tests.support.chaos import (
     unanswered_requests,
     wait_answered,
 )
-from tests.support.config import QUIET, bound_to_one, connection, package, refused, write_config
+from tests.support.config import (
+    QUIET,
+    bound_to_one,
+    connection,
+    package,
+    refused,
+    services_kek,
+    write_config,
+)
 from tests.support.documents import (
     TUTORIAL,
     TUTORIAL_DIGEST,
@@ -245,6 +253,7 @@ __all__ = [
     "runs_opened",
     "sealings",
     "sent",
+    "services_kek",
     "signed_in",
     "signing",
     "stand_ins",

@@ -1,12 +1,15 @@
 """``coordinator keys``: the key-encryption keys personal data's data keys are wrapped
 under (docs/custody.md). ``generate`` makes one, written where no file is, readable by
 its owner only: a key is never replaced, since what it wraps would be gone with it.
+``rotate`` wraps every data key again under the active one while the service runs; it
+shows its progress on a terminal and says what it did in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +26,10 @@ def add_commands(commands: Commands) -> None:
     new_secret_command(
         actions, "generate", "make a key-encryption key (64 hexadecimal digits) in a new file"
     )
+    rotate = actions.add_parser(
+        "rotate", help="wrap every data key again under custody.active (the service may run)"
+    )
+    rotate.add_argument("--config", type=Path, required=True, metavar="FILE")
 
 
 def handlers() -> dict[str, Handler]:
@@ -30,6 +37,10 @@ def handlers() -> dict[str, Handler]:
 
 
 def _keys(args: argparse.Namespace) -> int:
+    return {"generate": _generate, "rotate": _rotate}[args.keys](args)
+
+
+def _generate(args: argparse.Namespace) -> int:
     from registry_coordinator.custody import new_kek
 
     write_new_secret(args.out, (new_kek() + "\n").encode(), "a key-encryption key")
@@ -42,6 +53,50 @@ def new_secret_command(actions: Commands, name: str, summary: str) -> None:
     """A command that writes a new secret to ``--out`` (:func:`write_new_secret`)."""
     made = actions.add_parser(name, help=summary)
     made.add_argument("--out", type=Path, required=True, metavar="FILE", help="never replaced")
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    from registry_coordinator.cli.service import configure_logging, run_service
+    from registry_coordinator.config import load_config
+    from registry_coordinator.service import open_database
+    from registry_coordinator.store import keys
+    from registry_coordinator.store.keys import Rotated
+
+    config = load_config(args.config)
+    if config.custody.active is None:
+        raise _KeysUsage(
+            f"{args.config} has no custody keys to rotate to: give custody: "
+            '{keys: {"1": file:/old, "2": file:/new}, active: 2}'
+        )
+    done: list[Rotated] = []
+
+    def progress(at: int, of: int) -> None:
+        if sys.stderr.isatty():
+            print(f"\rrotating data keys: {at} of {of}", end="", file=sys.stderr, flush=True)
+
+    async def run() -> None:
+        async with open_database(config, "coordinator/keys") as db:
+            done.append(await keys.rotate(db, config.custody, progress))
+
+    configure_logging()
+    run_service(run)
+    if sys.stderr.isatty() and done and done[0].rewrapped:
+        print(file=sys.stderr)
+    [rotated] = done
+    others = [v for v in rotated.still if v != rotated.active]
+    left = (
+        f"data keys are still wrapped under versions {', '.join(map(str, others))}: "
+        "run keys rotate again"
+        if others
+        else "every data key is under it: the other versions may leave custody.keys once "
+        "no backup needs them"
+    )
+    print(
+        f"wrapped {rotated.rewrapped} data keys again under key-encryption key "
+        f"{rotated.active} ({rotated.already} were under it already, {rotated.erased} "
+        f"erased); {left}"
+    )
+    return ExitCode.OK
 
 
 class _KeysUsage(CoordinatorError):

@@ -38,6 +38,7 @@ POINTS = (
     "archive-written",
     "archive-recorded",
     "archive-committed",
+    "mid-rotation",
 )
 
 

@@ -2,6 +2,11 @@
 process starts first) and unwrapped at every start with the configured key-encryption
 keys, so the store seals new runs' personal data and opens what any key it holds sealed.
 
+Rotation (:func:`rotate`) wraps each data key again under the active KEK, one row per
+statement, each committed on its own and only if the row still names the version it was
+read under: a kill between any two leaves every row whole under one of the configured
+versions, and the next rotation goes on from there. No sealed value is touched.
+
 A start refuses, in one line, a database whose keys the configuration cannot unwrap
 (a KEK version no longer listed, or another key under the same version) and a database
 that holds sealed data with no custody configured: either would otherwise be found by
@@ -12,6 +17,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from registry_coordinator.config import CustodyConfig
 from registry_coordinator.custody import (
@@ -22,12 +30,48 @@ from registry_coordinator.custody import (
     unwrap,
     wrap,
 )
-from registry_coordinator.store.database import Database
+from registry_coordinator.store.database import Database, Row
+from registry_coordinator.store.faults import crash_point
 
 
 async def open_custody(db: Database, custody: CustodyConfig) -> Sealer | None:
     """The sealer of ``db`` under ``custody``'s keys (None when it configures none)."""
     held = await db.rows("data_keys_held")
+    installation = await _installation(db, custody, held)
+    if installation is None:
+        return None
+    if not any(row["shared"] for row in held):
+        assert custody.active is not None
+        kek = custody.keks[custody.active]
+        made = DataKey(secrets.randbits(63) or 1, os.urandom(32))
+        wrapped = wrap(kek, installation, made)
+        await db.execute(
+            "make_shared_data_key", {"id": made.id, "kek": kek.version, "wrapped": wrapped}
+        )
+        held = await db.rows("data_keys_held")  # ours, or another process's made first
+    keys = _unwrapped(custody, installation, held)
+    shared = next(keys[row["id"]] for row in held if row["shared"])
+    assert shared is not None, "the shared key is never erased"
+    return Sealer(installation, shared, keys)
+
+
+async def versions(db: Database, custody: CustodyConfig) -> dict[int, int]:
+    """How many data keys each KEK version wraps, every one unwrapped with ``custody``'s
+    keys (:class:`Unopenable` as a start would refuse it); nothing is made or changed."""
+    held = await db.rows("data_keys_held")
+    installation = await _installation(db, custody, held)
+    if installation is not None:
+        _unwrapped(custody, installation, held)
+    counts: dict[int, int] = {}
+    for row in held:
+        if row["kek"] is not None:
+            counts[row["kek"]] = counts.get(row["kek"], 0) + 1
+    return counts
+
+
+async def _installation(db: Database, custody: CustodyConfig, held: list[Row]) -> uuid.UUID | None:
+    """The installation keys are bound to; None when ``custody`` configures none (and the
+    database holds no keys it would need)."""
     if custody.active is None:
         if held:
             raise Unopenable(
@@ -38,24 +82,59 @@ async def open_custody(db: Database, custody: CustodyConfig) -> Sealer | None:
         return None
     timeline = await db.row("timeline")
     assert timeline is not None, "schema 13 gives the timeline its row"
-    installation = timeline["installation"]
-    if not any(row["shared"] for row in held):
-        kek = custody.keks[custody.active]
-        made = DataKey(secrets.randbits(63) or 1, os.urandom(32))
-        wrapped = wrap(kek, installation, made)
-        await db.execute(
-            "make_shared_data_key", {"id": made.id, "kek": kek.version, "wrapped": wrapped}
-        )
-        held = await db.rows("data_keys_held")  # ours, or another process's made first
-    keys: dict[int, DataKey | None] = {}
-    shared = None
-    for row in held:
-        if row["wrapped"] is None:
-            keys[row["id"]] = None
-            continue
-        key = unwrap(custody.keks, installation, row["id"], row["kek"], bytes(row["wrapped"]))
-        keys[row["id"]] = key
-        if row["shared"]:
-            shared = key
-    assert shared is not None, "the shared key is never erased"
-    return Sealer(installation, shared, keys)
+    installation: uuid.UUID = timeline["installation"]
+    return installation
+
+
+def _unwrapped(
+    custody: CustodyConfig, installation: uuid.UUID, held: list[Row]
+) -> dict[int, DataKey | None]:
+    """Every key of ``held`` unwrapped (None: erased)."""
+    return {
+        row["id"]: None
+        if row["wrapped"] is None
+        else unwrap(custody.keks, installation, row["id"], row["kek"], bytes(row["wrapped"]))
+        for row in held
+    }
+
+
+@dataclass(frozen=True)
+class Rotated:
+    """What a rotation did: keys wrapped again, keys already under the active version,
+    erased keys (nothing to wrap), and the versions that still wrap a key."""
+
+    active: int
+    rewrapped: int
+    already: int
+    erased: int
+    still: tuple[int, ...]
+
+
+async def rotate(
+    db: Database, custody: CustodyConfig, progress: Callable[[int, int], None]
+) -> Rotated:
+    """Every data key of ``db`` wrapped under ``custody``'s active KEK; ``progress`` is
+    told (done, of) after each key. ``db`` was opened under ``custody`` (its sealer
+    holds every key unwrapped, so each version a row names is configured)."""
+    assert custody.active is not None and db.sealer is not None
+    kek = custody.keks[custody.active]
+    installation = db.sealer.installation
+    held = await db.rows("data_keys_held")
+    due = [row for row in held if row["kek"] not in (None, kek.version)]
+    rewrapped = 0
+    for done, row in enumerate(due, start=1):
+        key = db.sealer.keys[row["id"]]
+        assert key is not None, "a key with a version is not erased"
+        wrapped = wrap(kek, installation, key)
+        crash_point("mid-rotation")  # wrapped, not yet stored: the row is as it was
+        params = {"id": row["id"], "was": row["kek"], "kek": kek.version, "wrapped": wrapped}
+        rewrapped += await db.execute("rewrap_data_key", params)
+        progress(done, len(due))
+    now = await db.rows("data_keys_held")
+    return Rotated(
+        kek.version,
+        rewrapped,
+        sum(1 for row in held if row["kek"] == kek.version),
+        sum(1 for row in held if row["kek"] is None),
+        tuple(sorted({row["kek"] for row in now if row["kek"] is not None})),
+    )

@@ -1053,6 +1053,11 @@ SELECT id, subject IS NULL AS shared, kek, wrapped FROM data_keys ORDER BY id;
 INSERT INTO data_keys (id, kek, wrapped) VALUES (%(id)s, %(kek)s, %(wrapped)s)
 ON CONFLICT DO NOTHING;
 
+-- name: rewrap_data_key
+-- A data key wrapped again under the active KEK, if it is still under the version it was
+-- read under (another rotation may have been first).
+UPDATE data_keys SET kek = %(kek)s, wrapped = %(wrapped)s WHERE id = %(id)s AND kek = %(was)s;
+
 -- name: timeline
 -- The database's installation and how far its timeline has come.
 SELECT installation, epoch FROM timeline;
