@@ -32,20 +32,23 @@ from registry_coordinator import service, store
 from registry_coordinator.config import TracingConfig
 from registry_coordinator.engine.workflows import load_service
 from registry_coordinator.observability import tracing
-from registry_coordinator.observability.logs import JsonLines
+from registry_coordinator.observability.logs import QUIETED, JsonLines
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Send, on_due
 from registry_coordinator.store.database import sync_connection
 from tests.support import (
     QUIET,
+    STANDIN_TOKEN,
     Services,
     admit,
+    connection,
     database,
     decide,
     free_port,
     new_review,
     reply,
     run_state,
+    stand_ins,
     wait_state,
 )
 
@@ -414,14 +417,18 @@ def json_lines() -> Iterator[list[dict[str, Any]]]:
     keep = Keep()
     keep.setFormatter(JsonLines())
     root = logging.getLogger()
-    level = root.level
+    quieted = [logging.getLogger(name) for name in QUIETED]
+    levels = [root.level, *(each.level for each in quieted)]
     root.addHandler(keep)
     root.setLevel(logging.INFO)  # as the service logs (logs.configure)
+    for each in quieted:
+        each.setLevel(logging.WARNING)
     try:
         yield lines
     finally:
         root.removeHandler(keep)
-        root.setLevel(level)
+        for each, level in zip([root, *quieted], levels, strict=True):
+            each.setLevel(level)
 
 
 @pytest.mark.trio
@@ -570,10 +577,59 @@ async def test_a_product_call_is_a_child_of_its_step_and_sends_its_traceparent(
         "coordinator.connection": "records",
         "coordinator.operation": "read-record",
         "http.request.method": "GET",
-        "url.full": url,
+        "url.scheme": "http",
+        "server.address": "127.0.0.1",
+        "server.port": recorder.port,
         "coordinator.call.outcome": "response",
         "http.response.status_code": 200,
     }
+
+
+@pytest.mark.trio
+async def test_no_log_line_span_or_metric_carries_a_value_of_the_run(
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Canaries: a record id in a run's input (and so in its request's path), and the
+    e-mail address stand-in BReg makes from it (in the step's output and the run's). The
+    run reads and keeps both, its caller reads the output, and nothing the service tells
+    its operators — a log line, a span's name, attributes, events or status, /metrics —
+    carries either."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)  # the connection's bearer, by reference
+    port = free_port()
+    record = str(uuid.uuid4())
+    email = f"applicant+{record[:8]}@example.org"
+    spans = InMemorySpanExporter()
+    with stand_ins(tmp_path / "standins.log", {"breg": port}):
+        config = services.configure(
+            ["lookup"], connections={"records": connection("breg", port)}, extra=ON
+        )
+        with json_lines() as lines:
+            async with serving(config, spans) as running:
+                run = await running.start("lookup", {"recordId": record})
+                await running.wait_state(run, RunState.FINISHED)
+                answered = (await running.http.get(f"/v1/runs/{run}")).json()
+                exposed = (await running.http.get("/metrics")).text
+    assert answered["output"] == {"email": email}
+    finished = spans.get_finished_spans()
+    assert [s for s in steps(spans, run) if s.name == "step read"] != []
+    told = {
+        "logs": json.dumps(lines),
+        "spans": json.dumps(
+            [
+                [
+                    s.name,
+                    dict(s.attributes or {}),
+                    [(e.name, dict(e.attributes or {})) for e in s.events],
+                    s.status.description,
+                ]
+                for s in finished
+            ]
+        ),
+        "metrics": exposed,
+    }
+    assert run in told["logs"] and run in told["spans"]  # ids are told; values are not
+    for what, text in told.items():
+        assert record not in text and email not in text, what
 
 
 @pytest.mark.parametrize("enabled", [True, False])

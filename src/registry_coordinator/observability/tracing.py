@@ -618,6 +618,17 @@ class _TracedCall(_Current, CallSpan):
             span.set_status(Status(StatusCode.ERROR, reply.detail or reply.kind.value))
 
 
+def _server(url: str) -> dict[str, str | int]:
+    """Where a request went, without its path or query: ``url.full`` would carry a record's
+    id, which can be a person's (a national id in a path), to every collector."""
+    parts = urlsplit(url)
+    return {
+        "url.scheme": parts.scheme,
+        "server.address": parts.hostname or "",
+        "server.port": parts.port or (443 if parts.scheme == "https" else 80),
+    }
+
+
 def call(run: Claimed, connection: str, operation: str, method: str, url: str) -> CallSpan:
     """The span of a request about to be sent to a product for ``run`` (a client span);
     use it as a context manager around the sending. Its parent is the current span if
@@ -635,7 +646,7 @@ def call(run: Claimed, connection: str, operation: str, method: str, url: str) -
         "coordinator.connection": connection,
         "coordinator.operation": operation,
         "http.request.method": method,
-        "url.full": url,
+        **_server(url),
     }
     span = _start(
         tracer,
