@@ -1054,8 +1054,7 @@ INSERT INTO data_keys (id, kek, wrapped) VALUES (%(id)s, %(kek)s, %(wrapped)s)
 ON CONFLICT DO NOTHING;
 
 -- name: rewrap_data_key
--- A data key wrapped again under the active KEK, if it is still under the version it was
--- read under (another rotation may have been first).
+-- A data key wrapped again under the active KEK, if still under the version it was read under.
 UPDATE data_keys SET kek = %(kek)s, wrapped = %(wrapped)s WHERE id = %(id)s AND kek = %(was)s;
 
 -- name: timeline
