@@ -69,10 +69,12 @@ def _rotate(args: argparse.Namespace) -> int:
             '{keys: {"1": file:/old, "2": file:/new}, active: 2}'
         )
     done: list[Rotated] = []
+    terminal = sys.stderr.isatty()
 
     def progress(at: int, of: int) -> None:
-        if sys.stderr.isatty():
-            print(f"\rrotating data keys: {at} of {of}", end="", file=sys.stderr, flush=True)
+        if terminal:
+            end = "\n" if at == of else ""
+            print(f"\rrotating data keys: {at} of {of}", end=end, file=sys.stderr, flush=True)
 
     async def run() -> None:
         async with open_database(config, "coordinator/keys") as db:
@@ -80,8 +82,6 @@ def _rotate(args: argparse.Namespace) -> int:
 
     configure_logging()
     run_service(run)
-    if sys.stderr.isatty() and done and done[0].rewrapped:
-        print(file=sys.stderr)
     [rotated] = done
     others = [v for v in rotated.still if v != rotated.active]
     left = (

@@ -31,10 +31,6 @@ class CustodyConfig:
     keks: dict[int, Kek] = field(default_factory=dict, repr=False)
     active: int | None = None
 
-    @property
-    def sealing(self) -> bool:
-        return self.active is not None
-
 
 def read_custody(reader: Reader, value: JSON) -> CustodyConfig:
     """The KEKs of ``custody.keys`` (version: reference) and ``custody.active``."""

@@ -2,7 +2,7 @@
 key-encryption key wraps (docs/custody.md). Pure: no database, no event loop; the store
 keeps the wrapped keys, and the layers above seal and open through this package."""
 
-from registry_coordinator.custody.sealer import Sealer
+from registry_coordinator.custody.sealer import Sealer, sealer_for
 from registry_coordinator.custody.sealing import (
     CustodyCode,
     DataKey,
@@ -30,6 +30,7 @@ __all__ = [
     "new_kek",
     "open_sealed",
     "seal",
+    "sealer_for",
     "unwrap",
     "wrap",
 ]

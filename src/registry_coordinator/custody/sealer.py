@@ -45,15 +45,25 @@ class Sealer:
         """The value ``stored`` holds, read at its place; :class:`Unopenable` otherwise."""
         place = Place(self.installation, _id(run), purpose, step)
         try:
-            sealed = (
-                base64.b64decode(str(stored), validate=True) if isinstance(stored, str) else b""
-            )
+            sealed = base64.b64decode(stored, validate=True) if isinstance(stored, str) else b""
         except binascii.Error:
             sealed = b""
         if not sealed:
             raise Unopenable(CustodyCode.MALFORMED, f"{place} is not a sealed value")
         value: JSON = json.loads(open_sealed(self.keys, place, sealed))
         return value
+
+
+def sealer_for(sealer: Sealer | None, run: object) -> Sealer:
+    """``sealer``, for ``run`` whose data is sealed; refused where there is none (a start
+    refuses such a database first: this holds a store used without its custody)."""
+    if sealer is None:
+        raise Unopenable(
+            CustodyCode.KEK_MISSING,
+            f"run {run}'s data is sealed, and the configuration has no custody keys: "
+            "give custody: {keys: ..., active: N} as it was",
+        )
+    return sealer
 
 
 def _id(run: uuid.UUID | str) -> uuid.UUID:

@@ -55,7 +55,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.waiting import Ready, Wait
 
-from registry_coordinator.custody import CustodyCode, Purpose, Sealer, Unopenable
+from registry_coordinator.custody import Purpose, Sealer, sealer_for
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
 #: A row as psycopg reads it: column name -> value, typed by the query alone (the records
@@ -323,13 +323,8 @@ def open_row(query: str, row: Row, sealer: Sealer | None) -> Row:
     assert "data_key" in row, f"{query} reads a run's sealed columns without runs.data_key"
     if row["data_key"] is None:
         return row
-    if sealer is None:
-        raise Unopenable(
-            CustodyCode.UNKNOWN_KEY,
-            f"run {row['id']}'s data is sealed, and the configuration has no custody keys: "
-            "give custody: {keys: ..., active: N} as it was",
-        )
     run, opened = row["id"], dict(row)
+    sealer = sealer_for(sealer, run)
     if opened.get("input") is not None:
         opened["input"] = sealer.open(run, Purpose.INPUT, "", opened["input"])
     if opened.get("outputs") is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,11 +63,7 @@ async def versions(db: Database, custody: CustodyConfig) -> dict[int, int]:
     installation = await _installation(db, custody, held)
     if installation is not None:
         _unwrapped(custody, installation, held)
-    counts: dict[int, int] = {}
-    for row in held:
-        if row["kek"] is not None:
-            counts[row["kek"]] = counts.get(row["kek"], 0) + 1
-    return counts
+    return dict(Counter(row["kek"] for row in held if row["kek"] is not None))
 
 
 async def _installation(db: Database, custody: CustodyConfig, held: list[Row]) -> uuid.UUID | None:

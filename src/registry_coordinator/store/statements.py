@@ -29,7 +29,7 @@ from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.authoring.workflow import WaitFor
-from registry_coordinator.custody import CustodyCode, Purpose, Sealer, Unopenable
+from registry_coordinator.custody import Purpose, Sealer, sealer_for
 from registry_coordinator.semantics.codes import FailureCode, RunState
 from registry_coordinator.semantics.steps import (
     Advance,
@@ -418,7 +418,7 @@ def sealed_outputs(
     """Steps' ``outputs`` as the run's row holds them: sealed, if its data is."""
     if not sealed:
         return outputs
-    custody = _sealer(sealer, run)
+    custody = sealer_for(sealer, run)
     return {step: custody.seal(run, Purpose.OUTPUT, step, value) for step, value in outputs.items()}
 
 
@@ -434,16 +434,8 @@ def sealed(plan: Plan, sealer: Sealer | None) -> Statement:
     copy["outputs"] = sealed_outputs(sealer, run, True, statement["outputs"])
     output = statement["output"]
     if output is not None:
-        copy["output"] = Jsonb(_sealer(sealer, run).seal(run, Purpose.OUTPUT, "", output.obj))
+        copy["output"] = Jsonb(sealer_for(sealer, run).seal(run, Purpose.OUTPUT, "", output.obj))
     return copy
-
-
-def _sealer(sealer: Sealer | None, run: uuid.UUID) -> Sealer:
-    if sealer is None:
-        raise Unopenable(
-            CustodyCode.KEK_MISSING, f"run {run}'s data is sealed, and no custody key is here"
-        )
-    return sealer
 
 
 def _dumps(value: object) -> str:

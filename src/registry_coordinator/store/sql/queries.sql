@@ -79,8 +79,8 @@ WITH gate AS MATERIALIZED (
 SELECT gate.held, gate.reason, gate.actor,
        (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
        r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
-       r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail, r.admitted_at,
-       r.deadline_at, r.updated_at, r.ended_at,
+       r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
+       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
        NULL::integer AS late_attempt, NULL::integer AS late_status,  -- a new run holds no
        NULL::timestamptz AS late_at,                                 -- late answer
        encode(e.hash, 'hex') AS head
@@ -128,8 +128,8 @@ SELECT gate.held, gate.reason, gate.actor,
        (SELECT pg_notify('coordinator_wake', 'admitted') WHERE EXISTS (SELECT FROM evented))
            AS notified,
        r.start_key, r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq,
-       r.attempt, r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
-       r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
+       r.attempt, r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code,
+       r.detail, r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
        NULL::integer AS late_attempt, NULL::integer AS late_status,  -- a new run holds no
        NULL::timestamptz AS late_at,                                 -- late answer
        encode(e.hash, 'hex') AS head
@@ -159,8 +159,8 @@ LEFT JOIN LATERAL (  -- as run_status: a held call's latest late answer
 WHERE r.caller = %(caller)s AND r.start_key = ANY (%(start_keys)s::text[])
 UNION ALL
 SELECT a.start_key, a.start_digest, a.id, a.workflow_id, NULL, a.digest, a.caller, a.state,
-       NULL, a.seq, NULL, NULL, a.outcome, NULL, NULL, NULL, NULL, NULL, a.admitted_at, NULL, NULL,
-       a.ended_at, NULL, NULL, NULL, encode(a.head, 'hex'), a.archived_at, a.bundle, a.sha256
+       NULL, a.seq, NULL, NULL, a.outcome, NULL, NULL, NULL, NULL, NULL, a.admitted_at, NULL,
+       NULL, a.ended_at, NULL, NULL, NULL, encode(a.head, 'hex'), a.archived_at, a.bundle, a.sha256
 FROM archived_runs a
 WHERE a.caller = %(caller)s AND a.start_key = ANY (%(start_keys)s::text[]);
 
@@ -202,8 +202,8 @@ FROM (
 ) due
 WHERE r.id = due.id
 RETURNING r.id, r.workflow_id, r.digest, r.input, r.data_key, r.state, r.step, r.seq,
-          r.attempt, r.checks, r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at, r.lease_owner,
-          r.lease_token, r.dispatched_at, r.traceparent, clock_timestamp() AS now;
+          r.attempt, r.checks, r.timer_at, r.outputs, r.completed, r.admitted_at, r.deadline_at,
+          r.lease_owner, r.lease_token, r.dispatched_at, r.traceparent, clock_timestamp() AS now;
 
 -- name: next_due
 -- How long until work falls due: for any worker, and for the timer.
