@@ -175,9 +175,8 @@ async def _database(
                     await _pooler(db, database, found)
                     await _role(db, found)
                 await _timeline(db, database, found)
-                await _bindings(db, connections, found)
-                if custody is not None:
-                    await _custody(db, custody, found)
+                if custody is None or await _custody(db, custody, found):
+                    await _bindings(db, connections, found)
     except CoordinatorError as exc:
         say = found.unreachable if exc.exit_code == ExitCode.UNAVAILABLE else found.refuse
         say(f"database: {exc.line()}", database_repair(exc))
@@ -252,25 +251,27 @@ async def _bindings(
     )
 
 
-async def _custody(db: Database, custody: CustodyConfig, found: Findings) -> None:
+async def _custody(db: Database, custody: CustodyConfig, found: Findings) -> bool:
     """The database's data keys held against the configured KEKs, as ``serve`` will
-    unwrap them, and keys left under a version other than the active one."""
+    unwrap them, and keys left under a version other than the active one; whether they
+    opened (``db`` can then read sealed requests, and makes no key)."""
     try:
         counts = await keys.versions(db, custody)
+        db.sealer = await keys.open_custody(db, custody, make=False)
     except Unopenable as exc:
         found.refuse(
             f"custody: {exc}",
             "list every key-encryption key that wraps a data key under custody.keys "
             "(docs/operations.md, 'Personal data at rest')",
         )
-        return
+        return False
     if custody.active is None:
         found.warn(
             "custody is not configured: runs' inputs and outputs are stored in clear",
             "make a key-encryption key (coordinator keys generate) and give custody: "
             '{keys: {"1": file:/path}, active: 1}',
         )
-        return
+        return True
     others = {v: n for v, n in counts.items() if v != custody.active}
     if others:
         found.warn(
@@ -278,13 +279,14 @@ async def _custody(db: Database, custody: CustodyConfig, found: Findings) -> Non
             f"{', '.join(map(str, sorted(others)))}, not the active {custody.active}",
             "run coordinator keys rotate --config FILE",
         )
-        return
+        return True
     held = counts.get(custody.active, 0)
     found.ok(
         f"custody: {held} data keys, all under key-encryption key {custody.active}"
         if held
         else f"custody: no data key yet; serve makes one under key-encryption key {custody.active}"
     )
+    return True
 
 
 async def _pooler(db: Database, database: DatabaseConfig, found: Findings) -> None:

@@ -126,11 +126,12 @@ async def open_database_unchecked(
 
 @asynccontextmanager
 async def open_database(
-    config: Config, application_name: str, size: int | None = None
+    config: Config, application_name: str, size: int | None = None, *, serving: bool = False
 ) -> AsyncIterator[Database]:
     """The configured database, checked to be PostgreSQL 17+ with this build's schema
     (which the embedded database is migrated to by itself), behind no pooler in
-    transaction mode that the file does not declare (``store.poolers``)."""
+    transaction mode that the file does not declare (``store.poolers``), with its custody
+    keys open (made first by a ``serving`` process, which seals new runs under them)."""
     async with open_database_unchecked(config.database, application_name, size) as db:
         version = await check_server(db)
         pooler = await poolers.judge(db, config.database)
@@ -138,7 +139,7 @@ async def open_database(
             for migration in await migrate(db):
                 log.info("applied schema migration %04d %s", migration.version, migration.name)
         await require_current(db)
-        db.sealer = await keys.open_custody(db, config.custody)
+        db.sealer = await keys.open_custody(db, config.custody, make=serving)
         log.info("database ready: PostgreSQL %s; %s", version, pooler)
         yield db
 
@@ -160,7 +161,7 @@ async def serve(
     holder = store.Holder(seat.holder)
     async with (
         tracing.started(config.tracing, spans),
-        open_database(config, holder.session) as db,
+        open_database(config, holder.session, serving=True) as db,
     ):
         await workflows.store(db)
         restore = await high_water.judge(db, config.database.high_water, holder.name)

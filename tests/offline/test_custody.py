@@ -27,7 +27,8 @@ from registry_coordinator.custody import (
 )
 
 KEYS = st.builds(DataKey, st.integers(1, 2**64 - 1), st.binary(min_size=32, max_size=32))
-PLACES = st.builds(Place, st.uuids(), st.uuids(), st.sampled_from(Purpose), st.text(max_size=20))
+STEPS = st.text(max_size=20)
+PLACES = st.builds(Place, st.uuids(), st.uuids(), st.sampled_from(Purpose), STEPS, STEPS)
 
 
 def _refused(code: CustodyCode, call: object, *args: object) -> str:
@@ -53,10 +54,11 @@ def test_a_sealed_value_opens_where_it_was_sealed_and_holds_no_plaintext(
 def test_a_value_read_at_any_other_place_is_refused_naming_where(
     key: DataKey, place: Place, plaintext: bytes, data: st.DataObject
 ) -> None:
-    """Copied into another row or column (another run, purpose or step) or another
-    database: each of the place's parts alone is enough to refuse it."""
+    """Copied into another row, column or field (another run, purpose, step or part) or
+    another database: each of the place's parts alone is enough to refuse it, a part named
+    or left out too."""
     sealed = seal(key, place, plaintext)
-    part = data.draw(st.sampled_from(["installation", "run", "purpose", "step"]))
+    part = data.draw(st.sampled_from(["installation", "run", "purpose", "step", "part"]))
     if part == "installation":
         elsewhere = data.draw(st.uuids().filter(lambda u: u != place.installation))
         other = replace(place, installation=elsewhere)
@@ -65,8 +67,10 @@ def test_a_value_read_at_any_other_place_is_refused_naming_where(
     elif part == "purpose":
         purpose = data.draw(st.sampled_from([p for p in Purpose if p != place.purpose]))
         other = replace(place, purpose=purpose)
-    else:
+    elif part == "step":
         other = replace(place, step=place.step + data.draw(st.text(min_size=1, max_size=3)))
+    else:
+        other = replace(place, part=data.draw(STEPS.filter(lambda p: p != place.part)))
     message = _refused(CustodyCode.NOT_AUTHENTIC, open_sealed, {key.id: key}, other, sealed)
     assert str(other) in message and "does not open here" in message
 

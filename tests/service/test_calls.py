@@ -25,6 +25,7 @@ from tests.support import (
     events,
     run_state,
     running,
+    sendings,
     stand_ins,
     wait_for,
     wait_state,
@@ -147,12 +148,7 @@ def test_retry_same_resends_identical_bytes_and_key(dsn: str, services: Services
     assert posts[0]["key"] == posts[1]["key"] == f"coordinator:{run}:invoke"
     assert posts[0]["bodySha256"] == posts[1]["bodySha256"]
     assert applied == {posts[0]["key"]: 1}  # the product's idempotency answered the resend
-    with sync_connection(dsn) as conn:
-        rows = conn.execute(
-            "SELECT attempt, body, idempotency_key, outcome FROM executions "
-            "WHERE run_id = %s ORDER BY attempt",
-            (run,),
-        ).fetchall()
+    rows = sendings(dsn, run)
     assert [r["attempt"] for r in rows] == [1, 2]
     assert rows[0]["body"] == rows[1]["body"]
     assert [r["outcome"] for r in rows] == ["lost", "response"]

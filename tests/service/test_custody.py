@@ -23,10 +23,13 @@ from registry_coordinator.custody import DataKey, wrap
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
 from tests.support import (
+    HANG_ONCE,
     PG_BIN,
     Service,
     Services,
     coordinator,
+    deliver,
+    reviews,
     run_state,
     services_kek,
     wait_state,
@@ -79,6 +82,55 @@ def test_a_runs_data_is_ciphertext_in_the_rows_and_the_dump(dsn: str, services: 
     dump = _dumped(dsn, services.directory)
     assert run.encode() in dump  # ids stay in clear (docs/custody.md says why)
     assert email.encode() not in dump
+
+
+def test_what_was_sent_and_answered_is_ciphertext_in_the_dump(dsn: str, services: Services) -> None:
+    """A prepared BReg action's request carries the record id in its body; a read's in its
+    URL, and its answer the address: neither is in the dump, in ``executions`` or in the
+    history's ``call-dispatched`` event, and the console still shows them to an operator."""
+    service, _ = services.deploy(["act", "lookup"], {"registry": ("breg", {}), **RECORDS})
+    record = str(uuid.uuid4())
+    acted = service.start_run("act", {"recordId": record})
+    read = service.start_run("lookup", {"recordId": record})
+    for run in (acted, read):
+        wait_state(dsn, run, RunState.FINISHED)
+    with sync_connection(dsn) as conn:
+        sent = conn.execute("SELECT count(*) AS n FROM executions").fetchone()
+    assert sent is not None and sent["n"] >= 1  # the action was sealed and sent
+    dump = _dumped(dsn, services.directory)
+    for canary in (record, _email(record)):  # pg_dump writes bytea in hexadecimal
+        assert canary.encode() not in dump and canary.encode().hex().encode() not in dump
+    history = service.http.get(f"/v1/runs/{acted}/history").json()["events"]
+    dispatched = [e for e in history if e["kind"] == "call-dispatched"]
+    assert dispatched and all(e["detail"]["url"].startswith("http://") for e in dispatched)
+
+
+def test_an_operators_reason_and_a_webhooks_payload_are_ciphertext_in_the_dump(
+    dsn: str, services: Services
+) -> None:
+    """An operator's reason may name a person, and so may a product's webhook payload:
+    neither is in the dump; the run's history gives the reason back to its readers."""
+    notices = {"requestTimeout": "PT1S", "verification": {"attempts": 0}}
+    service, products = services.deploy(
+        ["notify"], {"notices": ("messaging", notices), **reviews()}
+    )
+    products.faults("messaging", HANG_ONCE)
+    run = service.start_run("notify", {"email": "held@example.org"})
+    wait_state(dsn, run, RunState.HELD)
+    reason = f"checked with {uuid.uuid4()} by phone"
+    asked = service.http.post(f"/v1/runs/{run}/retry-same", json={"reason": reason})
+    assert asked.status_code == 200, asked.text
+    wait_state(dsn, run, RunState.FINISHED)
+    payload = f"payload-{uuid.uuid4()}"
+    body = {"eventId": "evt-1", "result": "review-decision", "key": "k-1", "payload": payload}
+    assert deliver(service, body).status_code == 202
+
+    dump = _dumped(dsn, services.directory)
+    for canary in (reason, payload):
+        assert canary.encode() not in dump and canary.encode().hex().encode() not in dump
+    history = service.http.get(f"/v1/runs/{run}/history").json()["events"]
+    retried = [e for e in history if e["kind"] == "retry-same"]
+    assert [e["detail"]["reason"] for e in retried] == [reason]
 
 
 def test_a_sealed_value_copied_to_another_run_does_not_open(dsn: str, services: Services) -> None:

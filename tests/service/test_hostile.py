@@ -30,6 +30,7 @@ from tests.support import (
     push,
     pushing,
     run_state,
+    sendings,
     wait_for,
     wait_state,
 )
@@ -57,11 +58,7 @@ UNSTORABLE = {
 
 
 def kept_responses(dsn: str, run: str) -> list[bytes]:
-    with sync_connection(dsn) as conn:
-        rows = conn.execute(
-            "SELECT response FROM executions WHERE run_id = %s ORDER BY attempt", (run,)
-        ).fetchall()
-    return [bytes(r["response"]) if r["response"] is not None else b"" for r in rows]
+    return [r["response"] or b"" for r in sendings(dsn, run)]
 
 
 def test_a_mutation_answered_with_json_the_database_cannot_store_is_held_with_its_evidence(

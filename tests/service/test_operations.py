@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.support import (
     notify_with_oauth2,
     oauth2,
     run_state,
+    sendings,
     wait_for,
     wait_state,
 )
@@ -33,11 +35,14 @@ def test_client_secret_tokens_are_fetched_once_and_reused(
     issued = products.ledger("idp")["applied"]
     assert issued == {"tokens": 1}
     kept = everything_stored(dsn)
-    # The requests sent, in clear until they are sealed too (docs/custody.md): the dump
-    # holds what the runs sent, so what it lacks it was never given.
-    assert b"0@example.org".hex() in kept, "the dump holds what the runs sent"
+    # What the runs sent is sealed in the rows (docs/custody.md): opened, it holds what
+    # was sent, so what it lacks was never kept; nor is a secret anywhere in clear.
+    sent = [r for run in runs for r in sendings(dsn, run)]
+    assert any(b"0@example.org" in r["body"] for r in sent), "opened, the bodies sent"
     for secret in ("s3cret-for-tests", "Bearer", "tok-"):
         assert secret not in kept and secret.encode().hex() not in kept, secret
+        assert all(secret.encode() not in r["body"] for r in sent), secret
+        assert all(secret not in json.dumps(r["headers"]) for r in sent), secret
 
 
 def everything_stored(dsn: str) -> str:

@@ -33,6 +33,7 @@ from tests.support import (
     free_port,
     oauth2,
     run_state,
+    sendings,
     until,
     wait_for,
     wait_state,
@@ -68,12 +69,8 @@ def test_a_breg_action_is_prepared_from_its_contract_and_sent_once(
     ]
     assert all(r["query"] == {"accessProfile": "coordinator"} for r in requests)
     assert list(products.ledger("breg")["applied"].values()) == [1]
-    with sync_connection(dsn) as conn:
-        sealed = conn.execute(
-            "SELECT body, prepared FROM executions WHERE run_id = %s", (run,)
-        ).fetchone()
-    assert sealed is not None
-    body, prepared = bytes(sealed["body"]), sealed["prepared"]
+    [sealed] = sendings(dsn, run)
+    body, prepared = sealed["body"], sealed["prepared"]
     assert body == (
         b'{"input":{"outcome":"approved","targetId":"' + RECORD.encode() + b'"},'
         b'"preconditions":{"targetId":{"ifMatch":"\\"cond-3f2a1b0c-r1\\""}}}'
@@ -421,12 +418,10 @@ def test_a_booking_is_made_under_the_task_grant_a_person_approved(
     ]
     booked = sent(products.ledger("scheduling")["requests"], "POST", "/v1/appointments")
     assert [r["status"] for r in booked] == [201]
-    with sync_connection(dsn) as conn:
-        sealed = conn.execute(
-            "SELECT body, prepared FROM executions WHERE run_id = %s AND step = 'book'", (run,)
-        ).fetchone()
-    assert sealed is not None
-    assert b"grant" not in bytes(sealed["body"])  # proved, never sent
+    [sealed] = sendings(dsn, run, "book")
+    assert (
+        b"grant" not in sealed["body"] and b"policyRevision" in sealed["body"]
+    )  # proved, not sent
     assert sealed["prepared"] == {"grant": approved}
 
 

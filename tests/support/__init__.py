@@ -121,6 +121,7 @@ from tests.support.rows import (
     put_to_sleep,
     run_state,
     runs_opened,
+    sendings,
 )
 from tests.support.services import (
     Services,
@@ -252,6 +253,7 @@ __all__ = [
     "running",
     "runs_opened",
     "sealings",
+    "sendings",
     "sent",
     "services_kek",
     "signed_in",

@@ -75,14 +75,35 @@ def sealer_of(dsn: str) -> Sealer | None:
 
 
 def events(dsn: str, run_id: str) -> list[dict[str, Any]]:
+    """A run's history, its events' sealed fields opened with the tests' key-encryption key."""
     with sync_connection(dsn) as conn:
-        return list(
-            conn.execute(
-                "SELECT seq, at, kind, step, actor, detail FROM run_events WHERE run_id = %s "
-                "ORDER BY seq",
-                (run_id,),
-            ).fetchall()
-        )
+        rows = conn.execute(
+            "SELECT e.seq, e.at, e.kind, e.step, e.actor, e.detail, "
+            "to_jsonb(r) -> 'data_key' AS data_key "  # NULL before schema 16 too
+            "FROM run_events e JOIN runs r ON r.id = e.run_id WHERE e.run_id = %s "
+            "ORDER BY e.seq",
+            (run_id,),
+        ).fetchall()
+    sealer = sealer_of(dsn) if rows and rows[0]["data_key"] is not None else None
+    return [
+        {k: v for k, v in row.items() if k != "data_key"}
+        | ({"detail": sealer.open_detail(run_id, row["step"], row["detail"])} if sealer else {})
+        for row in rows
+    ]
+
+
+def sendings(dsn: str, run_id: str, step: str | None = None) -> list[dict[str, Any]]:
+    """A run's sendings (``executions``) of every call step or of ``step``, by attempt,
+    their sealed columns opened with the tests' key-encryption key."""
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            "SELECT e.*, e.run_id AS id, r.data_key FROM executions e "
+            "JOIN runs r ON r.id = e.run_id WHERE e.run_id = %(run)s "
+            "AND (%(step)s::text IS NULL OR e.step = %(step)s) ORDER BY e.step, e.attempt",
+            {"run": run_id, "step": step},
+        ).fetchall()
+    sealer = sealer_of(dsn)
+    return [dict(open_row("sendings", row, sealer)) for row in rows]
 
 
 def put_to_sleep(

@@ -2,8 +2,14 @@
 key-encryption key wraps (docs/custody.md). Pure: no database, no event loop; the store
 keeps the wrapped keys, and the layers above seal and open through this package."""
 
-from registry_coordinator.custody.sealer import Sealer, sealer_for
+from registry_coordinator.custody.sealer import (
+    EVENT_FIELDS,
+    SENDING,
+    Sealer,
+    sealer_for,
+)
 from registry_coordinator.custody.sealing import (
+    NO_RUN,
     CustodyCode,
     DataKey,
     Kek,
@@ -19,6 +25,9 @@ from registry_coordinator.custody.sealing import (
 )
 
 __all__ = [
+    "EVENT_FIELDS",
+    "NO_RUN",
+    "SENDING",
     "CustodyCode",
     "DataKey",
     "Kek",

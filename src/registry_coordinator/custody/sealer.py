@@ -1,7 +1,8 @@
 """The sealer a store uses: the installation it is in, the data key it seals new values
 under, and every key it can open with. JSON values go in and out; what is stored is
-the sealed value in base64, a JSON string, so a jsonb column and its SQL stay as they
-are (``outputs || %(outputs)s`` merges sealed outputs as it merged plain ones).
+the sealed value in base64, a JSON string, so a jsonb or text column and its SQL stay as
+they are (``outputs || %(outputs)s`` merges sealed outputs as it merged plain ones). Bytes
+(a request's body, a product's answer) go in and out of a bytea column as sealed bytes.
 
 The run's row says whether its values are sealed (``runs.data_key``), never the value's
 shape: a run's input may itself be any string.
@@ -13,7 +14,9 @@ import base64
 import binascii
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.custody.sealing import (
@@ -35,23 +38,107 @@ class Sealer:
     key: DataKey = field(repr=False)
     keys: dict[int, DataKey | None] = field(repr=False)
 
-    def seal(self, run: uuid.UUID | str, purpose: Purpose, step: str, value: JSON) -> str:
+    def seal(
+        self, run: uuid.UUID | str, purpose: Purpose, step: str, value: JSON, part: str = ""
+    ) -> str:
         """``value`` sealed for its place, as the JSON string a jsonb column holds."""
-        place = Place(self.installation, _id(run), purpose, step)
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-        return base64.b64encode(seal(self.key, place, text.encode())).decode()
+        sealed = self.seal_bytes(run, purpose, step, text.encode(), part)
+        return base64.b64encode(sealed).decode()
 
-    def open(self, run: uuid.UUID | str, purpose: Purpose, step: str, stored: JSON) -> JSON:
+    def open(
+        self, run: uuid.UUID | str, purpose: Purpose, step: str, stored: JSON, part: str = ""
+    ) -> JSON:
         """The value ``stored`` holds, read at its place; :class:`Unopenable` otherwise."""
-        place = Place(self.installation, _id(run), purpose, step)
         try:
             sealed = base64.b64decode(stored, validate=True) if isinstance(stored, str) else b""
         except binascii.Error:
             sealed = b""
-        if not sealed:
-            raise Unopenable(CustodyCode.MALFORMED, f"{place} is not a sealed value")
-        value: JSON = json.loads(open_sealed(self.keys, place, sealed))
+        value: JSON = json.loads(self.open_bytes(run, purpose, step, sealed, part))
         return value
+
+    def seal_bytes(
+        self, run: uuid.UUID | str, purpose: Purpose, step: str, data: bytes, part: str = ""
+    ) -> bytes:
+        """``data`` sealed for its place, as a bytea column holds it."""
+        return seal(self.key, Place(self.installation, _id(run), purpose, step, part), data)
+
+    def open_bytes(
+        self, run: uuid.UUID | str, purpose: Purpose, step: str, stored: bytes, part: str = ""
+    ) -> bytes:
+        """The bytes ``stored`` holds, read at its place; :class:`Unopenable` otherwise."""
+        place = Place(self.installation, _id(run), purpose, step, part)
+        if not stored:
+            raise Unopenable(CustodyCode.MALFORMED, f"{place} is not a sealed value")
+        return open_sealed(self.keys, place, stored)
+
+    def seal_sending(
+        self, run: uuid.UUID | str, step: str, column: str, value: JSON | bytes
+    ) -> JSON | bytes:
+        """A sending's ``column`` (:data:`SENDING`) as its execution row holds it."""
+        purpose, part, raw = SENDING[column]
+        if isinstance(value, bytes):
+            assert raw, f"{column} holds JSON"
+            return self.seal_bytes(run, purpose, step, value, part)
+        assert not raw, f"{column} holds bytes"
+        return self.seal(run, purpose, step, value, part)
+
+    def open_sending(
+        self, run: uuid.UUID | str, step: str, column: str, stored: JSON | bytes
+    ) -> JSON | bytes:
+        """What a sending's ``column`` holds sealed, opened (:meth:`seal_sending`)."""
+        purpose, part, raw = SENDING[column]
+        if isinstance(stored, bytes | memoryview):
+            assert raw, f"{column} holds JSON"
+            return self.open_bytes(run, purpose, step, bytes(stored), part)
+        assert not raw, f"{column} holds bytes"
+        return self.open(run, purpose, step, stored, part)
+
+    def seal_detail(self, run: uuid.UUID | str, step: str, detail: JSON) -> JSON:
+        """A history event's ``detail`` as a sealed run's history holds it
+        (:data:`EVENT_FIELDS` sealed). The chain hashes the ciphertext, which outlives an
+        erased key."""
+        return _fields(detail, partial(self.seal_field, run, step))
+
+    def open_detail(self, run: uuid.UUID | str, step: str, detail: JSON) -> JSON:
+        """A sealed run's history event ``detail`` as it was written (:meth:`seal_detail`)."""
+        return _fields(detail, partial(self.open_field, run, step))
+
+    def seal_field(self, run: uuid.UUID | str, step: str, name: str, value: JSON) -> str:
+        """An event's field ``name`` (:data:`EVENT_FIELDS`) as its sealed detail holds it:
+        sealed as part ``event.<name>``, never a sending's column (its ``url``), so that
+        one cannot stand in for the other."""
+        return self.seal(run, EVENT_FIELDS[name], step, value, f"event.{name}")
+
+    def open_field(self, run: uuid.UUID | str, step: str, name: str, stored: JSON) -> JSON:
+        return self.open(run, EVENT_FIELDS[name], step, stored, f"event.{name}")
+
+
+#: A sending's columns (``executions``) that hold what a product was sent and answered:
+#: each one's purpose and part, and whether it holds bytes (bytea) rather than JSON.
+SENDING: dict[str, tuple[Purpose, str, bool]] = {
+    "url": (Purpose.REQUEST, "url", False),  # a path may hold a national id
+    "headers": (Purpose.REQUEST, "headers", False),
+    "body": (Purpose.REQUEST, "body", True),
+    "response": (Purpose.ANSWER, "response", True),
+    "late_response": (Purpose.ANSWER, "late", True),
+}
+#: The fields of a history event's detail that can hold personal data, and their purpose:
+#: sealed in a sealed run's events, each for its event's step and field (part ``event.url``).
+#: The rest of a detail (attempts, statuses, codes, keys, instants) stays in clear.
+EVENT_FIELDS: dict[str, Purpose] = {
+    "url": Purpose.REQUEST,
+    "binding": Purpose.REQUEST,  # the addresses a resend was sealed to and went to
+    "reason": Purpose.REASON,
+    "attestation": Purpose.REASON,
+    "why": Purpose.ANSWER,  # why reconcile found no confirmation: a product's words
+}
+
+
+def _fields(detail: JSON, change: Callable[[str, JSON], JSON]) -> JSON:
+    if not isinstance(detail, dict) or EVENT_FIELDS.keys().isdisjoint(detail):
+        return detail
+    return {k: change(k, v) if k in EVENT_FIELDS else v for k, v in detail.items()}
 
 
 def sealer_for(sealer: Sealer | None, run: object) -> Sealer:

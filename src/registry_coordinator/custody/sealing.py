@@ -3,8 +3,10 @@ its associated data.
 
 A sealed value is ``format (1 byte) | data key id (8) | nonce (12) | ciphertext and tag``.
 Its associated data names the installation (the database's own id, kept by backups and
-restores), the run, the purpose and the step, each length-prefixed after a fixed label,
-and the data key's id: a value copied into another row, column, run or database, or
+restores), the run, the purpose, the step and the part of it (which column of a sending,
+which field of a history event; none for a run's own values), each length-prefixed after
+a fixed label, and the data key's id: a value copied into another row, column, field, run
+or database, or
 sealed under another key than the one it names, does not open. AEAD cannot tell a value
 moved from a value changed, so both are one refusal, :attr:`CustodyCode.NOT_AUTHENTIC`,
 which names the place it was read at — never a silent wrong value.
@@ -43,11 +45,15 @@ class Purpose(StrEnum):
 
     INPUT = "input"
     OUTPUT = "output"  # a step's output, or the run's with step ""
-    REQUEST = "request"  # a sealed request: its URL and body
-    ANSWER = "answer"  # a product's answer, also a late one
+    REQUEST = "request"  # a sealed request: its URL, headers and body (the part says which)
+    ANSWER = "answer"  # a product's answer (part ``response``), or a late one (``late``)
     RESULT = "result"  # a result read or delivered
     PAYLOAD = "payload"  # a webhook's payload
     REASON = "reason"  # an operator's reason or attestation
+
+
+#: The run a value that belongs to no run is sealed for (a webhook's payload).
+NO_RUN = uuid.UUID(int=0)
 
 
 class CustodyCode(StrEnum):
@@ -84,6 +90,10 @@ class Place:
     run: uuid.UUID
     purpose: Purpose
     step: str = ""
+    #: Which part of the step's ``purpose`` (``url``, ``body``, ``event.reason``, …);
+    #: none for a run's input, outputs and output. Only a part that is named is in the
+    #: associated data, so that values sealed before parts existed open as they were.
+    part: str = ""
 
     def associated(self, key: int) -> bytes:
         parts = [
@@ -91,13 +101,15 @@ class Place:
             self.run.bytes,
             self.purpose.value.encode(),
             self.step.encode(),
+            *([self.part.encode()] if self.part else []),
             key.to_bytes(_ID_BYTES, "big"),
         ]
         return _SEALED_LABEL + b"".join(len(p).to_bytes(4, "big") + p for p in parts)
 
     def __str__(self) -> str:
         step = f" at step {self.step}" if self.step else ""
-        return f"the {self.purpose} of run {self.run}{step}"
+        part = f" ({self.part})" if self.part else ""
+        return f"the {self.purpose}{part} of run {self.run}{step}"
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ async def cancel(db: Database, run_id: uuid.UUID, actor: str, reason: str) -> bo
         if locked.run.dispatched_at is not None:
             await locked.note("cancel-requested", actor, event, cancel=True)
             return False
-        await locked.cancel(actor, f"cancelled: {reason}", event)
+        await locked.cancel(actor, f"cancelled by {actor}: the reason is in its history", event)
         return True
 
 

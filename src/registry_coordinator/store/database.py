@@ -55,7 +55,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.waiting import Ready, Wait
 
-from registry_coordinator.custody import Purpose, Sealer, sealer_for
+from registry_coordinator.custody import SENDING, Purpose, Sealer, sealer_for
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
 #: A row as psycopg reads it: column name -> value, typed by the query alone (the records
@@ -313,13 +313,14 @@ class Connection:
         await self._statement(b"COMMIT")
 
 
-#: A run's columns that hold its personal data, sealed when its ``data_key`` is set.
-SEALED_COLUMNS = frozenset({"input", "outputs", "output"})
+#: A run's columns that hold its personal data, sealed when its ``data_key`` is set: its
+#: own, and its sendings' (:data:`~registry_coordinator.custody.SENDING`).
+SEALED_COLUMNS = frozenset({"input", "outputs", "output", *SENDING})
 
 
 def open_row(query: str, row: Row, sealer: Sealer | None) -> Row:
     """``row`` (of the named ``query``) with its run's sealed columns opened (as it is,
-    for a run not sealed)."""
+    for a run not sealed). A row with a sending's columns names its call's ``step``."""
     assert "data_key" in row, f"{query} reads a run's sealed columns without runs.data_key"
     if row["data_key"] is None:
         return row
@@ -332,6 +333,9 @@ def open_row(query: str, row: Row, sealer: Sealer | None) -> Row:
         opened["outputs"] = {k: sealer.open(run, Purpose.OUTPUT, k, v) for k, v in outputs}
     if opened.get("output") is not None:
         opened["output"] = sealer.open(run, Purpose.OUTPUT, "", opened["output"])
+    for column in SENDING.keys() & opened.keys():
+        if opened[column] is not None:
+            opened[column] = sealer.open_sending(run, row["step"], column, opened[column])
     return opened
 
 

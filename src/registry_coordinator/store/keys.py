@@ -35,11 +35,14 @@ from registry_coordinator.store.database import Database, Row
 from registry_coordinator.store.faults import crash_point
 
 
-async def open_custody(db: Database, custody: CustodyConfig) -> Sealer | None:
-    """The sealer of ``db`` under ``custody``'s keys (None when it configures none)."""
+async def open_custody(db: Database, custody: CustodyConfig, *, make: bool) -> Sealer | None:
+    """The sealer of ``db`` under ``custody``'s keys (None when it configures none). With
+    ``make``, the installation's shared key is made if there is none yet (``serve`` seals
+    new runs under it); without, a database that holds none gives None: nothing in it is
+    sealed, and a command that only reads writes nothing."""
     held = await db.rows("data_keys_held")
     installation = await _installation(db, custody, held)
-    if installation is None:
+    if installation is None or not (make or any(row["shared"] for row in held)):
         return None
     if not any(row["shared"] for row in held):
         assert custody.active is not None
@@ -112,17 +115,18 @@ async def rotate(
 ) -> Rotated:
     """Every data key of ``db`` wrapped under ``custody``'s active KEK; ``progress`` is
     told (done, of) after each key. ``db`` was opened under ``custody`` (its sealer
-    holds every key unwrapped, so each version a row names is configured)."""
-    assert custody.active is not None and db.sealer is not None
+    holds every key unwrapped, so each version a row names is configured; it has none
+    when the database holds no key)."""
+    assert custody.active is not None
     kek = custody.keks[custody.active]
-    installation = db.sealer.installation
     held = await db.rows("data_keys_held")
     due = [row for row in held if row["kek"] not in (None, kek.version)]
     rewrapped = 0
     for done, row in enumerate(due, start=1):
+        assert db.sealer is not None, "the store opened every key it holds"
         key = db.sealer.keys[row["id"]]
         assert key is not None, "a key with a version is not erased"
-        wrapped = wrap(kek, installation, key)
+        wrapped = wrap(kek, db.sealer.installation, key)
         crash_point("mid-rotation")  # wrapped, not yet stored: the row is as it was
         params = {"id": row["id"], "was": row["kek"], "kek": kek.version, "wrapped": wrapped}
         rewrapped += await db.execute("rewrap_data_key", params)

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Self
 
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.custody import sealer_for
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.store.database import Connection, Database, Row
 from registry_coordinator.store.records import known
@@ -61,28 +62,30 @@ class LockedRun:
     conn: Connection
     run: OperatorRun  # as locked
 
-    def _fenced(self, **params: JSON) -> dict[str, JSON]:
-        return {"id": self.run.id, "seq": self.run.seq, **params}
+    def _fenced(self, event: JSON, **params: JSON) -> dict[str, JSON]:
+        """The action's parameters, its ``event`` as the run's history holds it (its
+        reason sealed, if the run's data is: every action's event is at the run's step)."""
+        if self.run.sealed:
+            event = sealer_for(self.conn.sealer, self.run.id).seal_detail(
+                self.run.id, self.run.step, event
+            )
+        return {"id": self.run.id, "seq": self.run.seq, "event": event, **params}
 
     async def note(self, kind: str, actor: str, event: JSON, *, cancel: bool = False) -> None:
         """Record the action in the run's history and leave the run where it is; with
         ``cancel``, the run is cancelled once the call it has in flight settles."""
         await self.conn.row(
-            "operator_note", self._fenced(cancel=cancel, kind=kind, actor=actor, event=event)
+            "operator_note", self._fenced(event, cancel=cancel, kind=kind, actor=actor)
         )
 
     async def cancel(self, actor: str, detail: str, event: JSON) -> None:
         """End the run cancelled now (it has no call in flight)."""
-        await self.conn.row(
-            "operator_cancel", self._fenced(actor=actor, detail=detail, event=event)
-        )
+        await self.conn.row("operator_cancel", self._fenced(event, actor=actor, detail=detail))
 
     async def resume(self, actor: str, event: JSON, *, rebind: bool = False) -> None:
         """retry-same: the held run is due at once to take its step again; with ``rebind``,
         its sealed request goes over its connection's binding as it is now."""
-        await self.conn.row(
-            "operator_resume", self._fenced(actor=actor, event=event, rebind=rebind)
-        )
+        await self.conn.row("operator_resume", self._fenced(event, actor=actor, rebind=rebind))
 
     async def complete(
         self, step: str, next_step: str, output: JSON, actor: str, event: JSON
@@ -92,7 +95,7 @@ class LockedRun:
         outputs = sealed_outputs(self.conn.sealer, self.run.id, self.run.sealed, {step: output})
         await self.conn.row(
             "operator_complete",
-            self._fenced(next=next_step, step=step, outputs=outputs, actor=actor, event=event),
+            self._fenced(event, next=next_step, step=step, outputs=outputs, actor=actor),
         )
 
 

@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 
 from registry_coordinator.authoring.canonical import JSON, canonical_bytes, digest_of
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.custody import Purpose, Sealer
+from registry_coordinator.custody import NO_RUN, Purpose, Sealer, sealer_for
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Request, Transition
@@ -444,6 +444,17 @@ async def dispatch(
     """Seal the request (with the authority it was ``prepared`` under, if it was, and the
     connection's ``binding`` it goes over) and mark it dispatched, before it is sent
     (fenced like a transition)."""
+    headers: JSON = [list(h) for h in request.headers] if request.headers else None
+    body: JSON | bytes | None = request.body
+    event_url = url  # the call-dispatched event's
+    if run.sealed:
+        sealer = sealer_for(db.sealer, run.id)
+        event_url = sealer.seal_field(run.id, run.step, "url", url)
+        url = str(sealer.seal_sending(run.id, run.step, "url", url))
+        if headers is not None:
+            headers = sealer.seal_sending(run.id, run.step, "headers", headers)
+        if body is not None:
+            body = sealer.seal_sending(run.id, run.step, "body", body)
     params = {
         "id": run.id,
         "token": run.token,
@@ -452,9 +463,10 @@ async def dispatch(
         "step": run.step,
         "method": request.method,
         "url": url,
-        "body": request.body,
+        "event_url": event_url,
+        "body": body,
         "key": request.idempotency_key,
-        "headers": Jsonb([list(h) for h in request.headers]) if request.headers else None,
+        "headers": Jsonb(headers) if headers is not None else None,
         "prepared": Jsonb(prepared) if prepared is not None else None,
         "binding": Jsonb(binding) if binding is not None else None,
         "actor": run.actor,
@@ -629,9 +641,12 @@ async def release_wait(
     is what the read found (``statements.result_polled``; None: it was not read), kept
     as a ``result-polled`` event in the same statement only if the wait's last recorded
     poll found otherwise: a wait polling every minute for weeks records each change of
-    answer, not each poll."""
+    answer, not each poll (its ``url`` aside: the same for every poll, sealed afresh in
+    a sealed run)."""
     now = run.now()
     due = wait_due(now, run.timer_at, run.deadline_at, poll)
+    if polled is not None and run.sealed:
+        polled = sealer_for(db.sealer, run.id).seal_detail(run.id, run.step, polled)
     params = {
         "id": run.id,
         "token": run.token,
@@ -664,11 +679,22 @@ async def record_delivery(db: Database, delivery: Delivery) -> tuple[bool, int]:
         "event_id": delivery.event_id,
         "result": delivery.result,
         "key": delivery.key,
-        "payload": Jsonb(delivery.payload),
+        "payload": Jsonb(_sealed_payload(db.sealer, delivery)),
     }
     row = await db.row("record_delivery", params)
     assert row is not None
     return row["recorded"], row["woke"]
+
+
+def _sealed_payload(sealer: Sealer | None, delivery: Delivery) -> JSON:
+    """A delivery's payload as ``deliveries`` keeps it: sealed, with custody, under the
+    shared key for its connection and event id (it names no run: it may come before its
+    run waits, or for none)."""
+    if sealer is None or delivery.payload is None:
+        return delivery.payload
+    return sealer.seal(
+        NO_RUN, Purpose.PAYLOAD, delivery.connection, delivery.payload, delivery.event_id
+    )
 
 
 async def feed_cursor(db: Database, connection: str) -> str | None:
@@ -712,6 +738,9 @@ async def record_defect(db: Database, run: Claimed, code: HoldCode, detail: str)
 async def keep_late_answer(db: Database, run: Claimed, status: int, body: bytes) -> bool:
     """Keep an answer that came back after this claim on the run was lost, on the
     sending's execution, noted in the history; False if there was nothing to keep it on."""
+    if run.sealed:
+        sealer = sealer_for(db.sealer, run.id)
+        body = bytes(sealer.seal_sending(run.id, run.step, "late_response", body))
     params = {
         "id": run.id,
         "step": run.step,
@@ -770,7 +799,15 @@ def _visible(which: RunFilter, after: tuple[datetime, uuid.UUID]) -> dict[str, o
 
 
 async def history(db: Database, run_id: uuid.UUID) -> list[HistoryEvent]:
-    return [HistoryEvent.from_row(row) for row in await db.rows("run_history", {"id": run_id})]
+    """A run's history, its events' personal fields opened if they are sealed."""
+    events = await db.rows("run_history", {"id": run_id})
+    if events and events[0]["data_key"] is not None:
+        sealer = sealer_for(db.sealer, run_id)
+        events = [
+            {**row, "detail": sealer.open_detail(run_id, row["step"], row["detail"])}
+            for row in events
+        ]
+    return [HistoryEvent.from_row(row) for row in events]
 
 
 @dataclass(frozen=True)

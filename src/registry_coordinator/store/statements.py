@@ -423,18 +423,29 @@ def sealed_outputs(
 
 
 def sealed(plan: Plan, sealer: Sealer | None) -> Statement:
-    """The plan's statement as the run's row holds what it records: its steps' outputs
-    and its output sealed, if the run's data is (a run admitted without custody keeps
-    its values as they are, so that its row stays readable)."""
+    """The plan's statement as the run's row holds what it records: its steps' outputs,
+    its output, the product's answer it settles and its events' personal fields sealed,
+    if the run's data is (a run admitted without custody keeps its values as they are,
+    so that its row stays readable)."""
     statement = plan.statement
     if not plan.run.sealed:
         return statement
     run = statement["id"]
+    custody = sealer_for(sealer, run)
     copy = statement.copy()
     copy["outputs"] = sealed_outputs(sealer, run, True, statement["outputs"])
     output = statement["output"]
     if output is not None:
-        copy["output"] = Jsonb(sealer_for(sealer, run).seal(run, Purpose.OUTPUT, "", output.obj))
+        copy["output"] = Jsonb(custody.seal(run, Purpose.OUTPUT, "", output.obj))
+    answer = statement["call_response"]
+    if answer is not None:
+        copy["call_response"] = custody.seal_sending(
+            run, statement["event_step"], "response", answer
+        )
+    copy["events"] = [
+        Jsonb(custody.seal_detail(run, step, event.obj))
+        for step, event in zip(statement["event_steps"], statement["events"], strict=True)
+    ]
     return copy
 
 

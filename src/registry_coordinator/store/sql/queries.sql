@@ -181,9 +181,10 @@ LEFT JOIN LATERAL (  -- a held call's latest answer that came back after its cla
 WHERE r.id = %(id)s;
 
 -- name: run_history
--- A run's history events, in order, each with its hash in the run's chain.
-SELECT seq, at, kind, step, actor, detail, encode(hash, 'hex') AS hash
-FROM run_events WHERE run_id = %(id)s ORDER BY seq;
+-- A run's history events in order, each with its hash and its run's data key (NULL: in clear).
+SELECT e.seq, e.at, e.kind, e.step, e.actor, e.detail, encode(e.hash, 'hex') AS hash, r.data_key
+FROM run_events e JOIN runs r ON r.id = e.run_id
+WHERE e.run_id = %(id)s ORDER BY e.seq;
 
 -- name: claim_run
 -- Claim the earliest due run that nobody holds.
@@ -432,9 +433,8 @@ WHERE lease_token = ANY(%(tokens)s::uuid[]);
 -- reached the product without an answer that says what became of it (lost, interrupted,
 -- or answered with anything but 401, 403, 429 or 503, which say the product did not act on
 -- it): a refusal of the next sending is then no evidence that the command never took effect.
-SELECT first.method, latest.url, first.body, first.idempotency_key, first.headers,
-       first.prepared, latest.binding,
-       (SELECT rebind FROM runs WHERE id = %(id)s) AS rebind,
+SELECT %(id)s::uuid AS id, %(step)s::text AS step, first.method, latest.url, first.body,
+       first.idempotency_key, first.headers, first.prepared, latest.binding, r.rebind, r.data_key,
        EXISTS (SELECT 1 FROM executions e
                WHERE e.run_id = %(id)s AND e.step = %(step)s AND e.dispatched_at IS NOT NULL
                  AND e.outcome IS DISTINCT FROM 'not-sent'
@@ -443,7 +443,8 @@ SELECT first.method, latest.url, first.body, first.idempotency_key, first.header
 FROM (SELECT * FROM executions WHERE run_id = %(id)s AND step = %(step)s
       ORDER BY attempt LIMIT 1) first,
      (SELECT url, binding FROM executions WHERE run_id = %(id)s AND step = %(step)s
-      ORDER BY attempt DESC LIMIT 1) latest;
+      ORDER BY attempt DESC LIMIT 1) latest,
+     (SELECT rebind, data_key FROM runs WHERE id = %(id)s) r;
 
 -- name: dispatch_call
 -- Seal the request and mark it dispatched, before a byte is sent.
@@ -467,7 +468,8 @@ WITH moved AS (
 )
 INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
 SELECT id, seq, %(now)s, 'call-dispatched', %(step)s, %(actor)s,
-       jsonb_build_object('attempt', attempt, 'method', %(method)s::text, 'url', %(url)s::text)
+       jsonb_build_object('attempt', attempt, 'method', %(method)s::text,
+                         'url', %(event_url)s::text)
 FROM moved
 RETURNING seq;
 
@@ -597,7 +599,8 @@ RETURNING connection;
 -- found (%(polled)s; NULL when the run is given back unread) becomes a result-polled
 -- event only if it differs from the last one this wait recorded (none since its
 -- waiting event): a wait polling for weeks records each change of answer, not each
--- poll. The event is dated as a transition's is, never before the run's last one. A
+-- poll (its `url` aside, the same each poll but sealed afresh in a sealed run). The
+-- event is dated as a transition's is, never before the run's last one. A
 -- read counts in `attempt`, which a wait's read schedule backs off by.
 WITH last AS (  -- the wait's latest recorded poll, or the event it began waiting with
     SELECT kind, detail FROM run_events
@@ -606,7 +609,8 @@ WITH last AS (  -- the wait's latest recorded poll, or the event it began waitin
     LIMIT 1
 ), noted AS (
     SELECT %(polled)s::jsonb IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM last WHERE kind = 'result-polled' AND detail = %(polled)s::jsonb
+        SELECT 1 FROM last
+        WHERE kind = 'result-polled' AND detail - 'url' = %(polled)s::jsonb - 'url'
     ) AS yes
 ), moved AS (
     UPDATE runs r
@@ -700,7 +704,9 @@ RETURNING seq;
 
 -- name: late_answer
 -- The latest answer that came back late with a 2xx status for a call step, for reconcile.
-SELECT attempt, late_status, late_response FROM executions
+SELECT run_id AS id, step, attempt, late_status, late_response,
+       (SELECT data_key FROM runs WHERE id = %(id)s) AS data_key
+FROM executions
 WHERE run_id = %(id)s AND step = %(step)s AND late_status BETWEEN 200 AND 299
 ORDER BY attempt DESC LIMIT 1;
 
@@ -808,8 +814,9 @@ SELECT id, input, data_key, start_key, completed, outputs FROM runs WHERE id = %
 
 -- name: console_executions
 -- Every sending of a run's calls, in the order they were sealed: what was sent, what came back.
-SELECT step, attempt, method, url, body, idempotency_key, sealed_at, dispatched_at, settled_at,
-       status, outcome, response, late_status, late_at
+SELECT run_id AS id, step, attempt, method, url, body, idempotency_key, sealed_at,
+       dispatched_at, settled_at, status, outcome, response, late_status, late_at,
+       (SELECT data_key FROM runs WHERE id = %(id)s) AS data_key
 FROM executions WHERE run_id = %(id)s
 ORDER BY sealed_at, step, attempt;
 
@@ -1170,7 +1177,7 @@ SELECT has_table_privilege(current_user, %(table)s, %(privilege)s) AS granted;
 -- %(current)s maps each configured connection's name to its binding now
 -- (ConnectionConfig.binding); a sending before schema 15 has none and is not judged. The
 -- oldest %(limit)s, with the address and binding each was sealed under.
-SELECT r.id, r.state, r.step, e.url, e.binding
+SELECT r.id, r.state, r.step, r.data_key, e.url, e.binding
 FROM runs r
 JOIN LATERAL (
     SELECT url, binding FROM executions x
