@@ -153,6 +153,32 @@ def test_a_sealed_value_copied_to_another_run_does_not_open(dsn: str, services: 
         assert email not in log.read()
 
 
+def test_a_run_whose_data_does_not_open_is_held_and_the_others_go_on(
+    dsn: str, services: Services
+) -> None:
+    """Asleep at a wait-until, a run is given another run's sealed input: the timer
+    cannot take it on and leaves it to a worker, whose claim finds it unopenable and holds
+    it with its own code at once (not retried at every lease's end), naming where; the
+    run asleep beside it wakes and finishes."""
+    service, _ = services.deploy(["timed-choice"], {})
+    broken = service.start_run("timed-choice", {"answer": "yes"})
+    beside = service.start_run("timed-choice", {"answer": "no"})
+    with sync_connection(dsn) as conn:
+        conn.execute(
+            "UPDATE runs SET input = (SELECT input FROM runs WHERE id = %s) WHERE id = %s",
+            (beside, broken),
+        )
+    wait_state(dsn, broken, RunState.HELD)
+    wait_state(dsn, beside, RunState.FINISHED)
+    hold = service.status(broken)["hold"]
+    assert hold["code"] == "data-unopenable", hold
+    assert f"the input of run {broken} does not open here" in hold["detail"], hold
+    assert "(custody.not-authentic)" in hold["detail"], hold
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT defects FROM runs WHERE id = %s", (broken,)).fetchone()
+    assert row is not None and row["defects"] == 1  # held at the first claim
+
+
 def _without_custody(config: Path, custody: object) -> Path:
     changed = config.with_name(f"custody-{uuid.uuid4().hex[:6]}.json")
     settings = json.loads(config.read_text())

@@ -80,6 +80,7 @@ class Unopenable(CoordinatorError):
     def __init__(self, code: CustodyCode, message: str) -> None:
         super().__init__(f"{message} ({code})")
         self.code = code
+        self.message = message
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.durations import format_duration
 from registry_coordinator.authoring.workflow import Call, WaitFor
 from registry_coordinator.config import ConnectionConfig
+from registry_coordinator.custody import Unopenable
 from registry_coordinator.engine import destinations
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.backoff import ANSWER_RECORDING
@@ -513,11 +514,15 @@ class Calls:
             # As a worker does: the run is left to its lease, and this process goes on.
             log.warning("database unavailable: %s", exc)
         except Exception as exc:
-            log.exception("call task: unexpected error", extra={"run": run.id})
+            code = HoldCode.ENGINE_DEFECT
+            if isinstance(exc, Unopenable):  # what it read of the run: no retry opens it
+                code = HoldCode.DATA_UNOPENABLE
+            else:
+                log.exception("call task: unexpected error", extra={"run": run.id})
             why = detail(f"a call task failed: {type(exc).__name__}: {exc}")
             with trio.CancelScope(shield=True):
                 try:
-                    await store.record_defect(self.db, run, HoldCode.ENGINE_DEFECT, why)
+                    await store.record_defect(self.db, run, code, why)
                 except (Unavailable, StatementFailed) as failed:
                     log.warning("could not record the defect: %s", failed, extra={"run": run.id})
         finally:

@@ -31,6 +31,7 @@ from registry_coordinator import store
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.config import EngineConfig
+from registry_coordinator.custody import Unopenable
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.calls import Calls, Product
@@ -164,6 +165,8 @@ class Engine:
             await self.advance(definition, run)
         except Unavailable:
             raise
+        except Unopenable as exc:  # what was read of it; no retry opens it
+            await self._defect(run, HoldCode.DATA_UNOPENABLE, str(exc))
         except Exception as exc:
             log.exception("worker: unexpected error", extra={"run": run.id})
             await self._defect(run, HoldCode.ENGINE_DEFECT, f"{type(exc).__name__}: {exc}")

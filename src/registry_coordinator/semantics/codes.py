@@ -118,6 +118,12 @@ class HoldCode(StrEnum):
     the same unexpected error several times in a row, or a statement the database
     refused while recording an answer. Report it; after a fix, ``retry-same`` takes
     the step again (a call resends its sealed request with its key)."""
+    DATA_UNOPENABLE = "data-unopenable"
+    """The run's sealed data does not open with the configured custody keys (the detail
+    names where and the custody code): a value changed or copied from another row in the
+    database, or a data key this configuration cannot unwrap. Nothing was sent. Restore
+    the value or configure the keys it was sealed under, then ``retry-same``; or
+    ``cancel``."""
     RESTORED_REVIEW = "restored-review"
     """The database was restored from a backup that may not know what the run did since
     (a request sent, an answer had): recognised at startup against the high-water mark

@@ -55,7 +55,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.waiting import Ready, Wait
 
-from registry_coordinator.custody import SENDING, Purpose, Sealer, sealer_for
+from registry_coordinator.custody import SENDING, Purpose, Sealer, Unopenable, sealer_for
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
 #: A row as psycopg reads it: column name -> value, typed by the query alone (the records
@@ -269,7 +269,7 @@ class Connection:
         except psycopg.Error as exc:
             raise _translated(exc) from None
         if rows and not SEALED_COLUMNS.isdisjoint(rows[0]):
-            return [open_row(query, row, self.sealer) for row in rows]
+            return open_rows(query, rows, self.sealer)
         return rows
 
     async def row(self, query: str, params: Params | None = None) -> Row | None:
@@ -316,6 +316,34 @@ class Connection:
 #: A run's columns that hold its personal data, sealed when its ``data_key`` is set: its
 #: own, and its sendings' (:data:`~registry_coordinator.custody.SENDING`).
 SEALED_COLUMNS = frozenset({"input", "outputs", "output", *SENDING})
+
+
+class RowsUnopenable(Unopenable):
+    """Rows of a query of which some do not open: the first refusal, as any reader of one
+    run sees it, and for a caller that can set the others aside (a claim, the timer's
+    batch), each row that did not open, as stored, with its refusal, and the rows that
+    did, opened."""
+
+    def __init__(self, opened: list[Row], refused: list[tuple[Row, Unopenable]]) -> None:
+        first = refused[0][1]
+        super().__init__(first.code, first.message)
+        self.opened = opened
+        self.refused = refused
+
+
+def open_rows(query: str, rows: list[Row], sealer: Sealer | None) -> list[Row]:
+    """Every row of ``query`` opened (:func:`open_row`); :class:`RowsUnopenable` if some
+    do not, only once every row was tried."""
+    opened: list[Row] = []
+    refused: list[tuple[Row, Unopenable]] = []
+    for row in rows:
+        try:
+            opened.append(open_row(query, row, sealer))
+        except Unopenable as exc:
+            refused.append((row, exc))
+    if refused:
+        raise RowsUnopenable(opened, refused)
+    return opened
 
 
 def open_row(query: str, row: Row, sealer: Sealer | None) -> Row:

@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 
 from registry_coordinator.authoring.canonical import JSON, canonical_bytes, digest_of
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.custody import NO_RUN, Purpose, Sealer, sealer_for
+from registry_coordinator.custody import NO_RUN, Purpose, Sealer, Unopenable, sealer_for
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Request, Transition
@@ -43,7 +43,13 @@ from registry_coordinator.store.claims import (
     Settlement,
     actor,
 )
-from registry_coordinator.store.database import Connection, Database, Queries, Row
+from registry_coordinator.store.database import (
+    Connection,
+    Database,
+    Queries,
+    Row,
+    RowsUnopenable,
+)
 from registry_coordinator.store.faults import crash_point
 from registry_coordinator.store.leases import Holder, Holdings, extend_leases, take_over
 from registry_coordinator.store.records import ArchivedRun, HistoryEvent, LateAnswer, RunStatus
@@ -311,8 +317,24 @@ async def _not_admitted(
 
 
 async def claim(db: Database, owner: str, lease: timedelta) -> Claimed | None:
-    row = await db.row("claim_run", {"owner": owner, "lease": lease})
-    return Claimed.from_row(row) if row else None
+    """The earliest due run, claimed for ``owner``. A run whose sealed data does not open
+    is held at once (``data-unopenable``: it would not open at the next claim either) and
+    the next one claimed instead."""
+    while True:
+        try:
+            row = await db.row("claim_run", {"owner": owner, "lease": lease})
+        except RowsUnopenable as exc:
+            [(claimed, why)] = exc.refused
+            await _hold_unopenable(db, claimed, why)
+            continue
+        return Claimed.from_row(row) if row else None
+
+
+async def _hold_unopenable(db: Database, row: Row, why: Unopenable) -> None:
+    """Hold the run claimed as ``row`` (its sealed columns as stored) for what does not
+    open, its detail naming where and the custody code (never a value)."""
+    code, token, owner = HoldCode.DATA_UNOPENABLE, row["lease_token"], row["lease_owner"]
+    await _defect(db, row["id"], token, actor(owner), code, str(why))
 
 
 @dataclass(frozen=True)
@@ -338,7 +360,11 @@ async def due_sleepers(conn: Connection, owner: str, limit: int) -> list[Claimed
     """Lock due wait-untils (up to ``limit``, oldest first) for the transaction ``conn``
     is in, as ``owner`` would claim them but leased to nobody: the lock holds them until
     it ends, and a crash before then leaves them asleep and due."""
-    rows = await conn.rows("due_sleepers", {"owner": owner, "limit": limit})
+    try:
+        rows = await conn.rows("due_sleepers", {"owner": owner, "limit": limit})
+    except RowsUnopenable as exc:  # a worker's claim holds each (see claim)
+        await leave_to_workers(conn, [row["id"] for row, _ in exc.refused])
+        rows = exc.opened
     return [replace(Claimed.from_row(row), token=UNLEASED) for row in rows]
 
 
@@ -719,17 +745,25 @@ DEFECT_BACKOFF = timedelta(seconds=1)
 async def record_defect(db: Database, run: Claimed, code: HoldCode, detail: str) -> bool:
     """Let go of a run after an unexpected error of Coordinator's own: tried again later,
     or held with ``code`` (True) at the :data:`DEFECTS_BEFORE_HOLD`-th in a row, or at
-    once if a call of it may have left. Nothing is written if the claim is gone."""
+    once if a call of it may have left or its sealed data does not open (``code``
+    ``data-unopenable``: no retry mends it). Nothing is written if the claim is gone."""
+    return await _defect(db, run.id, run.token, run.actor, code, detail)
+
+
+async def _defect(
+    db: Database, run: uuid.UUID, token: uuid.UUID, by: str, code: HoldCode, detail: str
+) -> bool:
+    limit = 1 if code is HoldCode.DATA_UNOPENABLE else DEFECTS_BEFORE_HOLD
     row = await db.row(
         "record_defect",
         {
-            "id": run.id,
-            "token": run.token,
-            "limit": DEFECTS_BEFORE_HOLD,
+            "id": run,
+            "token": token,
+            "limit": limit,
             "backoff": DEFECT_BACKOFF,
             "code": code.value,
             "detail": detail,
-            "actor": run.actor,
+            "actor": by,
         },
     )
     return row is not None and row["state"] == RunState.HELD

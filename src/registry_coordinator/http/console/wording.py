@@ -86,6 +86,14 @@ HOLDS: dict[HoldCode, Hold] = {
         "Report it. Once fixed, retrying takes the step again (a call resends its sealed "
         "request with its key); or cancel.",
     ),
+    HoldCode.DATA_UNOPENABLE: Hold(
+        "The run's stored data does not open",
+        "Its personal data is stored encrypted, and what is stored does not open with "
+        "Coordinator's keys: it was changed or copied from another run in the database, or "
+        "it is under a key this configuration does not have. Nothing was sent.",
+        "Have the database's administrator restore the value, or configure the keys it was "
+        "sealed under, then retry; or cancel.",
+    ),
     HoldCode.RESTORED_REVIEW: Hold(
         "The database was restored from a backup",
         "The backup may not know what this run did after it was taken: a request it sent, "
