@@ -19,6 +19,9 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import httpx
+
+from registry_coordinator.authoring.canonical import canonical_bytes, digest_of
 from registry_coordinator.custody import DataKey, wrap
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
@@ -177,6 +180,35 @@ def test_a_run_whose_data_does_not_open_is_held_and_the_others_go_on(
     with sync_connection(dsn) as conn:
         row = conn.execute("SELECT defects FROM runs WHERE id = %s", (broken,)).fetchone()
     assert row is not None and row["defects"] == 1  # held at the first claim
+
+
+def test_a_start_key_stands_for_a_keyed_digest_of_its_input(dsn: str, services: Services) -> None:
+    """What an Idempotency-Key stands for is kept as an HMAC under the installation's key,
+    so a dump cannot confirm a guessed input by hashing it; a retry still finds its run,
+    another input under the key is refused, and a run whose digest is plain (admitted
+    before custody) is still found by its retry."""
+    service, _ = services.deploy(["lookup"], RECORDS)
+    record = str(uuid.uuid4())
+    run = service.start_run("lookup", {"recordId": record}, key="start-1")
+    asked = {"workflow": "lookup", "version": None, "input": {"recordId": record}}
+    plain = digest_of(canonical_bytes(asked))
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT start_digest FROM runs WHERE id = %s", (run,)).fetchone()
+    assert row is not None and row["start_digest"].startswith("hmac-sha256:"), row
+    assert row["start_digest"] != plain and plain.removeprefix("sha256:") not in str(row)
+
+    def start(run_input: object) -> httpx.Response:
+        body = {"workflow": "lookup", "input": run_input}
+        return service.http.post("/v1/runs", json=body, headers={"Idempotency-Key": "start-1"})
+
+    again = start({"recordId": record})
+    assert (again.status_code, again.json()["id"]) == (200, run), again.text
+    other = start({"recordId": str(uuid.uuid4())})
+    assert other.status_code == 409, other.text
+    with sync_connection(dsn) as conn:
+        conn.execute("UPDATE runs SET start_digest = %s WHERE id = %s", (plain, run))
+    before = start({"recordId": record})
+    assert (before.status_code, before.json()["id"]) == (200, run), before.text
 
 
 def _without_custody(config: Path, custody: object) -> Path:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.custody.sealing import (
@@ -28,6 +30,8 @@ from registry_coordinator.custody.sealing import (
     open_sealed,
     seal,
 )
+
+_DIGEST_LABEL = b"registry-coordinator/digest/1"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,17 @@ class Sealer:
         if not stored:
             raise Unopenable(CustodyCode.MALFORMED, f"{place} is not a sealed value")
         return open_sealed(self.keys, place, stored)
+
+    def digest(self, data: bytes) -> str:
+        """A digest of ``data`` that only a holder of the installation's shared key can
+        make, ``hmac-sha256:<hex>``: a dump cannot confirm a guessed value by hashing it."""
+        return "hmac-sha256:" + hmac.new(self._digest_key, data, hashlib.sha256).hexdigest()
+
+    @cached_property
+    def _digest_key(self) -> bytes:
+        """A key of its own for digests, derived from the shared key: never one key for
+        two purposes."""
+        return hmac.new(self.key.secret, _DIGEST_LABEL, hashlib.sha256).digest()
 
     def seal_sending(
         self, run: uuid.UUID | str, step: str, column: str, value: JSON | bytes

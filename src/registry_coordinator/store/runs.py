@@ -82,6 +82,7 @@ __all__ = [
     "Settlement",
     "Start",
     "StartArchived",
+    "StartDigest",
     "StartOutcome",
     "actor",
     "admit",
@@ -111,7 +112,6 @@ __all__ = [
     "sealed_at",
     "sealed_meanwhile",
     "sealed_request",
-    "start_digest",
     "status",
     "store_definition",
     "take_over",
@@ -152,12 +152,27 @@ class AdmissionHeld(CoordinatorError):
         self.reason, self.actor = reason, actor
 
 
-def start_digest(workflow: str, version: str | None, run_input: JSON) -> str:
+@dataclass(frozen=True)
+class StartDigest:
     """What a caller's Idempotency-Key stands for: the start as asked (the version as
     given, None when it named none, so a retry finds its run even after a new version
-    is pinned)."""
-    asked = {"workflow": workflow, "version": version, "input": run_input}
-    return digest_of(canonical_bytes(asked))
+    is pinned), as a new run keeps it — keyed, with custody (:meth:`Sealer.digest`) —
+    and as a run admitted before custody kept it (plain SHA-256), which a retry of its
+    start still matches."""
+
+    kept: str
+    plain: str
+
+    @classmethod
+    def of(
+        cls, sealer: Sealer | None, workflow: str, version: str | None, run_input: JSON
+    ) -> StartDigest:
+        asked = canonical_bytes({"workflow": workflow, "version": version, "input": run_input})
+        plain = digest_of(asked)
+        return cls(plain if sealer is None else sealer.digest(asked), plain)
+
+    def matches(self, stored: str) -> bool:
+        return stored in (self.kept, self.plain)
 
 
 async def store_definition(
@@ -210,16 +225,16 @@ async def admit(
     the run is created (one statement of a single row costs half what the batch's does for
     one), one more when not.
     """
-    started = start_digest(definition.id, asked_version, run_input)
-    run_id = run_id or uuid.uuid4()
     sealer = db.sealer
+    started = StartDigest.of(sealer, definition.id, asked_version, run_input)
+    run_id = run_id or uuid.uuid4()
     params = {
         "id": run_id,
         "digest": digest,
         "workflow_id": definition.id,
         "caller": caller,
         "start_key": start_key,
-        "start_digest": started,
+        "start_digest": started.kept,
         "input": Jsonb(_sealed_input(sealer, run_id, run_input)),
         "data_key": sealer.key.id if sealer is not None else None,
         "step": definition.workflow.start,
@@ -252,13 +267,15 @@ async def admit_many(
     admission is held, is :class:`AdmissionHeld`. The run each start creates has the id
     (else a new one) and keeps the trace context given for it in ``ids`` and
     ``traceparents``, in the order of ``starts``."""
+    sealer = db.sealer
     asked = {
-        start.start_key: start_digest(start.definition.id, start.asked_version, start.run_input)
+        start.start_key: StartDigest.of(
+            sealer, start.definition.id, start.asked_version, start.run_input
+        )
         for start in starts
     }
     assert len(asked) == len(starts), "each start of a batch has its own key"
     run_ids = list(ids) if ids is not None else [uuid.uuid4() for _ in starts]
-    sealer = db.sealer
     params = {
         "caller": caller,
         "ids": run_ids,
@@ -266,7 +283,7 @@ async def admit_many(
         "digests": [start.digest for start in starts],
         "workflow_ids": [start.definition.id for start in starts],
         "start_keys": list(asked),
-        "start_digests": list(asked.values()),
+        "start_digests": [started.kept for started in asked.values()],
         "inputs": [
             Jsonb(_sealed_input(sealer, run_id, start.run_input))
             for run_id, start in zip(run_ids, starts, strict=True)
@@ -294,7 +311,7 @@ def _sealed_input(sealer: Sealer | None, run: uuid.UUID, run_input: JSON) -> JSO
 
 
 async def _not_admitted(
-    db: Database, caller: str, left: dict[str, str], gate: Row
+    db: Database, caller: str, left: dict[str, StartDigest], gate: Row
 ) -> dict[str, StartOutcome]:
     """What became of the starts admission did not create, by key (``left`` gives each
     one's start digest), with admission as it stood when they were refused (``gate``):
@@ -307,7 +324,7 @@ async def _not_admitted(
         if row is None:
             assert gate["held"], "a start is refused only when held, or for a key in use"
             outcomes[key] = AdmissionHeld(gate["reason"], gate["actor"])
-        elif row["start_digest"] != started:
+        elif not started.matches(row["start_digest"]):
             outcomes[key] = KeyReused(row["id"])
         elif row["archived_at"] is not None:
             outcomes[key] = StartArchived(ArchivedRun.from_row(row))
