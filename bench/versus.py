@@ -52,14 +52,23 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 from bench.product import Product, bare_pairs
 from bench.profile import Profile, summary
-from bench.support import Cluster, connection, free_port, service, wait_ended, wait_ready
+from bench.support import (
+    Cluster,
+    connection,
+    free_port,
+    service,
+    stand_ins,
+    wait_ended,
+    wait_ready,
+)
 
 from registry_coordinator.store.database import sync_connection
 
@@ -180,6 +189,11 @@ def check_calls(side: str, expected: int, calls: dict[str, int]) -> None:
         raise SystemExit(f"benchmark: {side} did not make 2 calls per run: {calls}")
 
 
+def record(tag: str, n: int) -> str:
+    """The id of the record run ``n`` of ``tag`` reads: a UUID, as BReg's are."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tag}-{n}"))
+
+
 def start_runs(url: str, tag: str, runs: int, callers: int, batch: int = 1) -> float:
     """``runs`` runs of bench-four from ``callers`` threads, each on one keep-alive
     connection, each run with its own idempotency key: one ``POST /v1/runs`` per run, or
@@ -190,7 +204,7 @@ def start_runs(url: str, tag: str, runs: int, callers: int, batch: int = 1) -> f
 
     def request(numbers: list[int]) -> tuple[str, str, dict[str, str]]:
         starts = [
-            {"key": f"{tag}-{n}", "workflow": "bench-four", "input": {"recordId": f"app-{n}"}}
+            {"key": f"{tag}-{n}", "workflow": "bench-four", "input": {"recordId": record(tag, n)}}
             for n in numbers
         ]
         if batch > 1:
@@ -465,3 +479,66 @@ def _table(sides: dict[str, list[Round]]) -> None:
         )
         + ")"
     )
+
+
+def custody(cluster: Cluster, directory: Path, runs: int, rounds: int, callers: int) -> None:
+    """Coordinator with its runs' data sealed (custody configured) against the same in
+    clear, runs of bench-four against stand-in BReg started one ``POST /v1/runs`` each by
+    ``callers``, the two interleaved ``rounds`` times: what sealing costs a run."""
+    print(
+        f"custody: {runs} runs of bench-four (stand-in BReg) started by {callers} callers, "
+        f"sealed and in clear, medians of {rounds} interleaved rounds; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    kek = directory / "kek-1"
+    kek.write_text(os.urandom(32).hex() + "\n")
+    kek.chmod(0o600)
+    sealed = {"custody": {"keys": {"1": f"file:{kek}"}, "active": 1}}
+    sides: dict[str, list[Round]] = {"in clear": [], "sealed": []}
+    for round_ in range(rounds):
+        for side, measured in sides.items():
+            where = directory / f"r{round_ + 1}-{side.replace(' ', '-')}"
+            figures = _custody_round(
+                cluster, where, runs, callers, sealed if side == "sealed" else {}
+            )
+            measured.append(figures)
+            print(f"  round {round_ + 1}, {side:<9} {_describe(side, figures)}", flush=True)
+    clear, kept = (_median(sides[side], "rate") for side in sides)
+    cpu = ", ".join(
+        f"{name} {_median(sides['in clear'], name):.2f} -> {_median(sides['sealed'], name):.2f}"
+        for name in ("engine", "postgres")
+    )
+    print(f"  median runs/s: in clear {clear:.1f}, sealed {kept:.1f} ({kept / clear:.2f}x)")
+    print(f"  median CPU ms per run, in clear -> sealed: {cpu}")
+
+
+def _custody_round(
+    cluster: Cluster, directory: Path, runs: int, callers: int, extra: dict[str, Any]
+) -> Round:
+    breg = free_port()
+    connections = {"registry": connection("breg", breg, poolSize=8)}
+    with (
+        stand_ins(directory.with_suffix(".standins.log"), {"breg": breg}),
+        service(
+            cluster, directory, ["bench-four"], workers=4, connections=connections, extra=extra
+        ) as (running, dsn),
+    ):
+        wait_ready(running)
+        engine, postgres = psutil.Process(running.process.pid), ClusterCpu(cluster)
+        before = tree_cpu(engine)
+        postgres.start()
+        began = time.time()
+        client = start_runs(running.url, directory.name, runs, callers)
+        wait_ended(dsn, runs, 600)
+        cpu = {"engine": tree_cpu(engine) - before, "postgres": postgres.stop(), "client": client}
+        with sync_connection(dsn) as conn:
+            row = conn.execute(
+                "SELECT EXTRACT(EPOCH FROM max(ended_at))::float8 AS ended, count(*) FILTER "
+                "(WHERE state = 'finished' AND outcome = 'acted') AS acted, "
+                "count(*) FILTER (WHERE data_key IS NOT NULL) AS sealed FROM runs"
+            ).fetchone()
+    assert row is not None
+    if row["acted"] != runs or row["sealed"] != (runs if extra else 0):
+        raise SystemExit(f"benchmark: {row['acted']} of {runs} runs acted, {row['sealed']} sealed")
+    return Round(runs, row["ended"] - began, cpu, {})
