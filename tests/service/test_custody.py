@@ -151,6 +151,10 @@ def test_a_sealed_value_copied_to_another_run_does_not_open(dsn: str, services: 
     assert f"the output of run {second} does not open here" in problem["detail"]
     assert problem["custody"] == "custody.not-authentic"
     assert email not in refused.text
+    page = service.http.get(f"/console/runs/{second}")  # a person is answered with a page
+    assert page.status_code == 500 and page.headers["content-type"].startswith("text/html")
+    assert "run.data-unopenable" in page.text and "does not open here" in page.text
+    assert email not in page.text
     assert service.status(first)["output"] == {"email": email}  # the original still opens
     with service.log.open() as log:
         assert email not in log.read()

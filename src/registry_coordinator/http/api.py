@@ -25,7 +25,7 @@ from registry_coordinator.custody import Unopenable
 from registry_coordinator.http import admission, deliveries, probes, runs
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
-from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.problems import Problem, data_unopenable
 from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body, serving
 from registry_coordinator.http.routing import Handler, Route, bound, route
 from registry_coordinator.observability import logs, tracing
@@ -168,17 +168,8 @@ async def _http_error(error: HTTPException) -> Response:
 
 
 async def _unopenable(error: Unopenable) -> Response:
-    """Sealed data that does not open where it is read: not the caller's mistake, and
-    never answered with another value. The message names the run, the purpose and the
-    step, never a value."""
     log.error("answered %s %s with 500: %s", request.method, request.path, error)
-    return problem(
-        500,
-        "run.data-unopenable",
-        f"{error}: restore the row from a backup, or configure the key-encryption key "
-        "that wrapped its data key (docs/custody.md)",
-        custody=str(error.code),
-    )
+    return await _refused(data_unopenable(error))
 
 
 async def _database_unavailable(error: Unavailable) -> Response:

@@ -8,6 +8,7 @@ refused this way has changed nothing.
 from __future__ import annotations
 
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.custody import Unopenable
 from registry_coordinator.errors import CoordinatorError
 
 #: The closed list of problem codes the HTTP API answers with, and what each means.
@@ -87,3 +88,16 @@ class Problem(CoordinatorError):
             raise ValueError(f"problem code {code!r} is not in the closed list")
         super().__init__(detail)
         self.status, self.code, self.detail, self.extra = status, code, detail, extra
+
+
+def data_unopenable(error: Unopenable) -> Problem:
+    """Sealed data that does not open where it is read: not the caller's mistake, and never
+    answered with another value. The words name the run, the purpose and the step (never
+    a value), and what an administrator can do."""
+    return Problem(
+        500,
+        "run.data-unopenable",
+        f"{error}: restore the row from a backup, or configure the key-encryption key "
+        "that wrapped its data key (docs/custody.md)",
+        custody=str(error.code),
+    )

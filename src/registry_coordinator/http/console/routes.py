@@ -11,11 +11,12 @@ import logging
 
 from quart import Response, request
 
+from registry_coordinator.custody import Unopenable
 from registry_coordinator.http.console import actions, pages, signin
 from registry_coordinator.http.console.render import asset, html, redirect
 from registry_coordinator.http.console.visitors import SignInNeeded, sign_in_location
 from registry_coordinator.http.context import Context
-from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.problems import Problem, data_unopenable
 from registry_coordinator.http.requests import RETRY_AFTER
 from registry_coordinator.http.routing import Handler, route
 from registry_coordinator.store.database import Unavailable
@@ -81,6 +82,9 @@ def bound(handler: Handler, context: Context) -> Handler:
             )
         except Problem as refused:
             return _refusal(refused)
+        except Unopenable as error:
+            log.error("answered %s %s with 500: %s", request.method, request.path, error)
+            return _refusal(data_unopenable(error))
         except Unavailable as error:
             log.warning(
                 "answered %s %s with 503: the database is unavailable: %s",
