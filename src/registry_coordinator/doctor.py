@@ -275,14 +275,14 @@ async def _custody(db: Database, custody: CustodyConfig, found: Findings) -> boo
     others = {v: n for v, n in counts.items() if v != custody.active}
     if others:
         found.warn(
-            f"{sum(others.values())} data keys are wrapped under key-encryption key "
+            f"{keys.counted(sum(others.values()))} wrapped under key-encryption key "
             f"{', '.join(map(str, sorted(others)))}, not the active {custody.active}",
             "run coordinator keys rotate --config FILE",
         )
         return True
     held = counts.get(custody.active, 0)
     found.ok(
-        f"custody: {held} data keys, all under key-encryption key {custody.active}"
+        f"custody: {keys.counted(held)}, all under key-encryption key {custody.active}"
         if held
         else f"custody: no data key yet; serve makes one under key-encryption key {custody.active}"
     )

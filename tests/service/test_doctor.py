@@ -36,7 +36,7 @@ def test_doctor_says_ok_for_each_thing_a_start_needs(services: Services) -> None
         "connection notices: its identity has a token",
         "auth: 1 keys from ",
         "high-water mark ",
-        "custody: 1 data keys, all under key-encryption key 1",
+        "custody: 1 data key, all under key-encryption key 1",
     ):
         assert expected in said, (expected, said)
     assert result.stderr.endswith("everything a start needs is in place\n")

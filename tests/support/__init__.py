@@ -107,6 +107,7 @@ from tests.support.postgres import (
 from tests.support.processes import (
     Service,
     coordinator,
+    coordinator_on_terminal,
     coordinator_process,
     migrate,
     process_env,
@@ -207,6 +208,7 @@ __all__ = [
     "completion_request",
     "connection",
     "coordinator",
+    "coordinator_on_terminal",
     "coordinator_process",
     "dags",
     "database",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -53,6 +54,33 @@ def coordinator(
         check=False,
         env=process_env(**(env or {})),
     )
+
+
+def coordinator_on_terminal(*args: str | Path) -> tuple[int, str, str]:
+    """Run ``coordinator`` with its stderr on a terminal (a pseudo-terminal), as a person at
+    one runs a long command: its exit code, its stdout, and what the terminal showed."""
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "registry_coordinator", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        cwd=ROOT,
+        env=process_env(),
+    ) as child:
+        os.close(follower)
+        shown = bytearray()
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child is gone and the terminal closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out = child.stdout.read() if child.stdout else b""
+        code = child.wait(120)
+    os.close(leader)
+    return code, out.decode(), shown.decode()
 
 
 def coordinator_process(

@@ -92,9 +92,9 @@ def _rotate(args: argparse.Namespace) -> int:
         "no backup needs them"
     )
     print(
-        f"wrapped {rotated.rewrapped} data keys again under key-encryption key "
-        f"{rotated.active} ({rotated.already} were under it already, {rotated.erased} "
-        f"erased); {left}"
+        f"wrapped {keys.counted(rotated.rewrapped)} again under key-encryption key "
+        f"{rotated.active} ({rotated.already} already under it, {rotated.erased} erased); "
+        f"{left}"
     )
     return ExitCode.OK
 

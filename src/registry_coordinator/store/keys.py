@@ -35,6 +35,11 @@ from registry_coordinator.store.database import Database, Row
 from registry_coordinator.store.faults import crash_point
 
 
+def counted(count: int) -> str:
+    """``count`` data keys, in words: "1 data key", "3 data keys"."""
+    return f"{count} data key{'' if count == 1 else 's'}"
+
+
 async def open_custody(db: Database, custody: CustodyConfig, *, make: bool) -> Sealer | None:
     """The sealer of ``db`` under ``custody``'s keys (None when it configures none). With
     ``make``, the installation's shared key is made if there is none yet (``serve`` seals
@@ -76,7 +81,7 @@ async def _installation(db: Database, custody: CustodyConfig, held: list[Row]) -
         if held:
             raise Unopenable(
                 CustodyCode.KEK_MISSING,
-                f"the database holds {len(held)} data keys, and the configuration has no "
+                f"the database holds {counted(len(held))}, and the configuration has no "
                 "custody keys to open them with: give custody: {keys: ..., active: N}",
             )
         return None
