@@ -13,6 +13,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.catalog import Receipt
@@ -270,7 +272,33 @@ def test_an_output_that_breaks_its_outcome_schema_fails_the_run() -> None:
     assert failed.detail.startswith(
         "output for outcome approved-and-notified does not fit its schema: "
     )
-    assert "5 is not of type 'string'" in failed.detail
+    assert "messageId: is not of type 'string'" in failed.detail, failed.detail
+
+
+#: Schemas a run's values are held to, each refusing the values drawn for it.
+REFUSING = [
+    {"type": "object", "properties": {"v": {"type": "string", "pattern": "^[0-9]{3}$"}}},
+    {"type": "object", "properties": {"v": {"type": "string", "maxLength": 2}}},
+    {"type": "object", "properties": {"v": {"enum": ["approved", "rejected"]}}},
+    {"type": "object", "properties": {"v": {"type": "integer"}}},
+    {"type": "object", "properties": {"v": {"const": "x"}}},
+    {"type": "object", "properties": {"v": {"type": "array"}}},
+    {"type": "object", "properties": {"v": {"not": {"type": "string"}}}},
+    {"type": "object", "properties": {"v": {"anyOf": [{"type": "null"}, {"maxLength": 1}]}}},
+]
+
+
+@given(st.text(alphabet="abcdefghijklmnop@.+-", min_size=6, max_size=30), st.data())
+def test_a_schema_error_names_where_and_what_never_the_value(
+    value: str, data: st.DataObject
+) -> None:
+    """What a run's value fails (a product's answer, an output, a request) is told in its
+    detail, its history and the log, which are in clear: the words name where and which
+    rule, never the value itself, which may be a person's."""
+    schema = data.draw(st.sampled_from(REFUSING))
+    messages = TUTORIAL.schema_errors(schema, {"v": value, "w": 1})
+    assert messages and all(m.startswith("v: ") for m in messages), messages
+    assert all(value not in m for m in messages), messages
 
 
 def test_an_expression_error_is_the_failures_detail() -> None:

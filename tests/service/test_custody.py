@@ -137,6 +137,25 @@ def test_an_operators_reason_and_a_webhooks_payload_are_ciphertext_in_the_dump(
     assert [e["detail"]["reason"] for e in retried] == [reason]
 
 
+def test_a_value_that_fails_its_schema_is_not_quoted_where_it_fails(
+    dsn: str, services: Services
+) -> None:
+    """A record id that is no UUID fails BReg's read-record contract: the run fails
+    request-invalid, and its detail, its history, the log and the dump say which field and
+    which rule, never the value (a mistyped national id is still a person's)."""
+    service, _ = services.deploy(["lookup"], RECORDS)
+    mistyped = f"id-{uuid.uuid4().hex}"
+    run = service.start_run("lookup", {"recordId": mistyped})
+    wait_state(dsn, run, RunState.FAILED)
+    failure = service.status(run)["failure"]
+    assert failure["code"] == "request-invalid", failure
+    assert "recordId: does not match '^[0-9a-f]" in failure["detail"], failure
+    assert mistyped not in json.dumps(service.history(run))
+    assert mistyped.encode() not in _dumped(dsn, services.directory)
+    with service.log.open() as log:
+        assert mistyped not in log.read()
+
+
 def test_a_sealed_value_copied_to_another_run_does_not_open(dsn: str, services: Services) -> None:
     service, [(first, record), (second, _)] = _looked_up(dsn, services, 2)
     email = _email(record)

@@ -58,5 +58,34 @@ class Definition:
         messages = []
         for error in sorted(validator.iter_errors(value), key=lambda e: list(e.path))[:5]:
             where = "/".join(str(p) for p in error.absolute_path)
-            messages.append(f"{where or '(top)'}: {error.message}")
+            messages.append(f"{where or '(top)'}: {_without_value(error)}")
         return messages
+
+
+#: Keywords whose own message names only the schema's words and the value's keys.
+_KEYS_ONLY = frozenset(
+    {"required", "additionalProperties", "dependentRequired", "unevaluatedProperties"}
+)
+#: How a value fails a keyword whose schema value is worth showing, in words.
+_FAILS = {
+    "type": "is not of type",
+    "pattern": "does not match",
+    "enum": "is not one of",
+    "const": "is not",
+    "format": "is not a valid",
+}
+
+
+def _without_value(error: jsonschema.ValidationError) -> str:
+    """What a value fails, never the value: a run's values (a product's answer, an
+    applicant's id) may be a person's, and what fails them is told in clear — in the run's
+    detail, its history and the log. Only the schema's words and the value's keys appear."""
+    keyword = str(error.validator)
+    if keyword in _KEYS_ONLY:
+        return error.message
+    rule = error.validator_value
+    if keyword in _FAILS:
+        return f"{_FAILS[keyword]} {rule!r}"
+    if isinstance(rule, int | float | str | bool):
+        return f"fails {keyword}: {rule!r}"
+    return f"fails {keyword}"
