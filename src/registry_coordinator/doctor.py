@@ -244,7 +244,8 @@ async def _bindings(
     now = current.get(str(first.binding["connection"]))
     found.warn(
         f"{len(changed)} unfinished runs hold requests sealed under a binding since changed "
-        f"(run {first.id}: sealed to {first.url} over {first.binding['connection']}, now "
+        f"(run {first.id}: sealed to {first.binding['baseUrl']} over "
+        f"{first.binding['connection']}, now "
         f"{now['baseUrl'] if now else 'not configured'})",
         "a resend goes where it was sealed to; retry-same of a held one asks which "
         '({"binding": "sealed"} or "current")',

@@ -38,7 +38,8 @@ def test_a_changed_base_url_is_reported_and_retry_same_asks_where(
     assert "WARN  1 unfinished runs hold requests sealed under a binding since changed" in (
         looked.stdout
     ), looked.stdout
-    assert sealed_to in looked.stdout
+    assert f"sealed to {products.url('messaging')} over notices" in looked.stdout
+    assert sealed_to not in looked.stdout  # the request's own address is the run's data
 
     with stand_ins(tmp_path / "moved-standins.log", {"messaging": port}) as elsewhere:
         again = services.start(elsewhere_config, tmp_path / "moved.log")

@@ -189,7 +189,7 @@ def test_a_run_whose_data_does_not_open_is_held_and_the_others_go_on(
     run asleep beside it wakes and finishes."""
     service, _ = services.deploy(["timed-choice"], {})
     broken = service.start_run("timed-choice", {"answer": "yes"})
-    beside = service.start_run("timed-choice", {"answer": "no"})
+    beside = service.start_run("timed-choice", {"answer": "yes"})  # its output is sealed
     with sync_connection(dsn) as conn:
         conn.execute(
             "UPDATE runs SET input = (SELECT input FROM runs WHERE id = %s) WHERE id = %s",
@@ -204,6 +204,15 @@ def test_a_run_whose_data_does_not_open_is_held_and_the_others_go_on(
     with sync_connection(dsn) as conn:
         row = conn.execute("SELECT defects FROM runs WHERE id = %s", (broken,)).fetchone()
     assert row is not None and row["defects"] == 1  # held at the first claim
+    with sync_connection(dsn) as conn:  # and now a column the held list reads is wrong too
+        conn.execute(
+            "UPDATE runs SET output = (SELECT output FROM runs WHERE id = %s) WHERE id = %s",
+            (beside, broken),
+        )
+        copied = conn.execute("SELECT output FROM runs WHERE id = %s", (broken,)).fetchone()
+    assert copied is not None and isinstance(copied["output"], str)  # a sealed value
+    held = service.http.get("/console/")
+    assert held.status_code == 200 and broken in held.text  # listed, not a 500 for all
 
 
 def test_a_start_key_stands_for_a_keyed_digest_of_its_input(dsn: str, services: Services) -> None:

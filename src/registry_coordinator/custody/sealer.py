@@ -144,6 +144,7 @@ SENDING: dict[str, tuple[Purpose, str, bool]] = {
 EVENT_FIELDS: dict[str, Purpose] = {
     "url": Purpose.REQUEST,
     "binding": Purpose.REQUEST,  # the addresses a resend was sealed to and went to
+    "receiptLookup": Purpose.REQUEST,  # reconcile's lookup: its URL may hold the query's
     "reason": Purpose.REASON,
     "attestation": Purpose.REASON,
     "why": Purpose.ANSWER,  # why reconcile found no confirmation: a product's words

@@ -517,6 +517,7 @@ class Calls:
             code = HoldCode.ENGINE_DEFECT
             if isinstance(exc, Unopenable):  # what it read of the run: no retry opens it
                 code = HoldCode.DATA_UNOPENABLE
+                log.error("holding the run (%s): %s", code, exc, extra={"run": run.id})
             else:
                 log.exception("call task: unexpected error", extra={"run": run.id})
             why = detail(f"a call task failed: {type(exc).__name__}: {exc}")

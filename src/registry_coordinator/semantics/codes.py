@@ -121,7 +121,8 @@ class HoldCode(StrEnum):
     DATA_UNOPENABLE = "data-unopenable"
     """The run's sealed data does not open with the configured custody keys (the detail
     names where and the custody code): a value changed or copied from another row in the
-    database, or a data key this configuration cannot unwrap. Nothing was sent. Restore
+    database, or a data key this configuration cannot unwrap. Nothing was sent once it
+    was read (a call in flight before is settled as lost: its history says so). Restore
     the value or configure the keys it was sealed under, then ``retry-same``; or
     ``cancel``."""
     RESTORED_REVIEW = "restored-review"

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Self
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.store.database import Database, Row
+from registry_coordinator.store.database import Database, Row, RowsUnopenable
 from registry_coordinator.store.records import RunStatus
 
 
@@ -140,8 +140,17 @@ async def held_runs(
 ) -> list[HeldWork]:
     """The held runs the caller may see, the longest held first: the order an operator
     works through them in. Each has its step's latest sending (None when the step never
-    sealed a request), what an operator judges a hold by."""
-    rows = await db.rows("console_held_runs", {**_visible(caller, readable), "limit": limit})
+    sealed a request), what an operator judges a hold by. A run whose sealed data does
+    not open (held ``data-unopenable``, say) is still listed, without its sending: one such
+    run does not hide the others."""
+    try:
+        rows = await db.rows("console_held_runs", {**_visible(caller, readable), "limit": limit})
+    except RowsUnopenable as exc:
+        shown = [HeldWork.from_row(row) for row in exc.opened]
+        shown += [
+            HeldWork(RunStatus.from_row({**row, "output": None}), None) for row, _ in exc.refused
+        ]
+        return sorted(shown, key=lambda work: (work.run.updated_at, work.run.id))
     return [HeldWork.from_row(row) for row in rows]
 
 

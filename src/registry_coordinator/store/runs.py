@@ -20,6 +20,7 @@ by ``seq`` and never dated before the one before them.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -54,6 +55,8 @@ from registry_coordinator.store.faults import crash_point
 from registry_coordinator.store.leases import Holder, Holdings, extend_leases, take_over
 from registry_coordinator.store.records import ArchivedRun, HistoryEvent, LateAnswer, RunStatus
 from registry_coordinator.store.statements import wait_due
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFECTS_BEFORE_HOLD",
@@ -351,7 +354,8 @@ async def _hold_unopenable(db: Database, row: Row, why: Unopenable) -> None:
     """Hold the run claimed as ``row`` (its sealed columns as stored) for what does not
     open, its detail naming where and the custody code (never a value)."""
     code, token, owner = HoldCode.DATA_UNOPENABLE, row["lease_token"], row["lease_owner"]
-    await _defect(db, row["id"], token, actor(owner), code, str(why))
+    if await _defect(db, row["id"], token, actor(owner), code, str(why)):
+        _log.error("run held (%s): %s", code, why, extra={"run": row["id"]})
 
 
 @dataclass(frozen=True)
@@ -459,12 +463,11 @@ class ChangedBinding:
     id: uuid.UUID
     state: RunState
     step: str
-    url: str  # where it was sent
-    binding: dict[str, JSON]  # what it was bound to
+    binding: dict[str, JSON]  # what it was bound to (its base URL among it)
 
     @classmethod
     def from_row(cls, row: Row) -> ChangedBinding:
-        return cls(row["id"], RunState(row["state"]), row["step"], row["url"], row["binding"])
+        return cls(row["id"], RunState(row["state"]), row["step"], row["binding"])
 
 
 async def changed_bindings(

@@ -90,7 +90,8 @@ HOLDS: dict[HoldCode, Hold] = {
         "The run's stored data does not open",
         "Its personal data is stored encrypted, and what is stored does not open with "
         "Coordinator's keys: it was changed or copied from another run in the database, or "
-        "it is under a key this configuration does not have. Nothing was sent.",
+        "it is under a key this configuration does not have. Nothing was sent after it was "
+        "read; a request in flight before is shown as lost in the history.",
         "Have the database's administrator restore the value, or configure the keys it was "
         "sealed under, then retry; or cancel.",
     ),

@@ -1176,11 +1176,11 @@ SELECT has_table_privilege(current_user, %(table)s, %(privilege)s) AS granted;
 --
 -- %(current)s maps each configured connection's name to its binding now
 -- (ConnectionConfig.binding); a sending before schema 15 has none and is not judged. The
--- oldest %(limit)s, with the address and binding each was sealed under.
-SELECT r.id, r.state, r.step, r.data_key, e.url, e.binding
+-- oldest %(limit)s, with the binding each was sealed under (its address is the run's data).
+SELECT r.id, r.state, r.step, e.binding
 FROM runs r
 JOIN LATERAL (
-    SELECT url, binding FROM executions x
+    SELECT binding FROM executions x
     WHERE x.run_id = r.id AND x.step = r.step
     ORDER BY attempt DESC LIMIT 1
 ) e ON true
