@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
@@ -69,7 +70,7 @@ def coordinator_on_terminal(*args: str | Path) -> tuple[int, str, str]:
     ) as child:
         os.close(follower)
         shown = bytearray()
-        while True:
+        while select.select([leader], [], [], 120)[0]:  # a child that hangs fails the wait
             try:
                 chunk = os.read(leader, 4096)
             except OSError:  # the child is gone and the terminal closed

@@ -517,13 +517,13 @@ class Calls:
             code = HoldCode.ENGINE_DEFECT
             if isinstance(exc, Unopenable):  # what it read of the run: no retry opens it
                 code = HoldCode.DATA_UNOPENABLE
-                log.error("holding the run (%s): %s", code, exc, extra={"run": run.id})
             else:
                 log.exception("call task: unexpected error", extra={"run": run.id})
             why = detail(f"a call task failed: {type(exc).__name__}: {exc}")
             with trio.CancelScope(shield=True):
                 try:
-                    await store.record_defect(self.db, run, code, why)
+                    if await store.record_defect(self.db, run, code, why):
+                        log.error("run held (%s): %s", code, why, extra={"run": run.id})
                 except (Unavailable, StatementFailed) as failed:
                     log.warning("could not record the defect: %s", failed, extra={"run": run.id})
         finally:

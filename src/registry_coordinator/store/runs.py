@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from psycopg.types.json import Jsonb
@@ -161,21 +161,20 @@ class StartDigest:
     given, None when it named none, so a retry finds its run even after a new version
     is pinned), as a new run keeps it — keyed, with custody (:meth:`Sealer.digest`) —
     and as a run admitted before custody kept it (plain SHA-256), which a retry of its
-    start still matches."""
+    start still matches: worked out only for a key used before, off the admission path."""
 
     kept: str
-    plain: str
+    asked: bytes = field(repr=False)
 
     @classmethod
     def of(
         cls, sealer: Sealer | None, workflow: str, version: str | None, run_input: JSON
     ) -> StartDigest:
         asked = canonical_bytes({"workflow": workflow, "version": version, "input": run_input})
-        plain = digest_of(asked)
-        return cls(plain if sealer is None else sealer.digest(asked), plain)
+        return cls(digest_of(asked) if sealer is None else sealer.digest(asked), asked)
 
     def matches(self, stored: str) -> bool:
-        return stored in (self.kept, self.plain)
+        return stored == self.kept or stored == digest_of(self.asked)
 
 
 async def store_definition(
