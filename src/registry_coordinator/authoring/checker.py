@@ -314,6 +314,29 @@ class _Checker:
                     compiled[source] = program
         return programs, templates
 
+    def subject(self) -> Compiled | None:
+        """The workflow's ``subject``, compiled over the input alone to give a string: a
+        run's data subject is known at its admission, before any step has run."""
+        text, path = self.workflow.subject, ("subject",)
+        if text is None:
+            return None
+        try:
+            return Environment(None).compile(text, ("STRING",))
+        except CompileError as exc:
+            for problem in exc.problems:
+                if problem.kind != "undeclared":
+                    self._expression_problem("", text, path, 0, problem)
+                    continue
+                self.report(
+                    "workflow.subject",
+                    f"the subject reads {problem.name}: it is known before the run, "
+                    "from the input alone",
+                    "write the subject from the input, for example subject: input.applicantId",
+                    path,
+                    position=self._place(text, path, 0, problem),
+                )
+            return None
+
     def _compile(
         self,
         env: Environment,
@@ -330,9 +353,8 @@ class _Checker:
                 self._expression_problem(step_id, text, path, offset, problem)
             return None
 
-    def _expression_problem(
-        self, step_id: str, text: str, path: DataPath, offset: int, problem: Problem
-    ) -> None:
+    def _place(self, text: str, path: DataPath, offset: int, problem: Problem) -> Position | None:
+        """Where in the source ``problem`` is: at the name it is about, if it names one."""
         line, column = problem.line, problem.column
         if problem.name:
             head = ".".join(problem.name.split(".")[:2])
@@ -340,7 +362,12 @@ class _Checker:
             if index >= 0:
                 line = text.count("\n", 0, index) + 1
                 column = index - (text.rfind("\n", 0, index) + 1) + 1
-        position = self._position_in(path, offset, line, column)
+        return self._position_in(path, offset, line, column)
+
+    def _expression_problem(
+        self, step_id: str, text: str, path: DataPath, offset: int, problem: Problem
+    ) -> None:
+        position = self._place(text, path, offset, problem)
         shown = " ".join(text.split())
         if problem.kind == "template":
             self.report(
@@ -621,6 +648,7 @@ def check_document(
     if refused or _unresolved(checker) or not checker.graph():
         return CheckReport(None, _unusable(diagnostics + checker.diagnostics, trusted))
     programs, templates = checker.expressions()
+    subject = checker.subject()
     if errors(checker.diagnostics) and not trusted:
         return CheckReport(None, diagnostics + checker.diagnostics)
     definition = Definition(
@@ -631,6 +659,7 @@ def check_document(
         scopes=checker.scopes,
         templates=templates,
         programs=programs,
+        subject=subject,
     )
     if trusted and not _compiled(definition):
         return CheckReport(None, _unusable(diagnostics + checker.diagnostics, trusted))
@@ -650,7 +679,10 @@ def _unresolved(checker: _Checker) -> bool:
 
 
 def _compiled(definition: Definition) -> bool:
-    """Whether every expression of every step a run can reach was compiled."""
+    """Whether every expression of every step a run can reach was compiled, and the
+    subject, if the workflow names one."""
+    if definition.workflow.subject is not None and definition.subject is None:
+        return False
     for step_id in definition.scopes:
         step = definition.step(step_id)
         programs = definition.programs.get(step_id, {})

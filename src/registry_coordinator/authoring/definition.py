@@ -13,8 +13,21 @@ import jsonschema
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.catalog import Catalog, Operation, Result
-from registry_coordinator.authoring.expressions import Activation, Compiled, Scope, Template, render
+from registry_coordinator.authoring.expressions import (
+    Activation,
+    Compiled,
+    EvaluationError,
+    Scope,
+    Template,
+    render,
+    variables_of_input,
+)
 from registry_coordinator.authoring.workflow import Step, Workflow
+from registry_coordinator.errors import CoordinatorError
+
+
+class SubjectMissing(CoordinatorError):
+    """A start whose input gives its workflow's ``subject`` no id."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,7 @@ class Definition:
     scopes: dict[str, Scope]
     templates: dict[str, Template]  # call input / finish output by step id
     programs: dict[str, dict[str, Compiled]]  # step id -> expression source -> program
+    subject: Compiled | None = None  # the workflow's subject, over the input alone
     _validators: dict[int, jsonschema.Draft202012Validator] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -43,6 +57,24 @@ class Definition:
 
     def expression(self, step_id: str, source: str) -> Compiled:
         return self.programs[step_id][source]
+
+    def subject_of(self, run_input: JSON) -> str | None:
+        """The id of the data subject a run of ``run_input`` belongs to (None: the
+        workflow names none); :class:`SubjectMissing` if the subject gives none for it.
+        Its words never quote the input."""
+        if self.subject is None:
+            return None
+        try:
+            subject = self.subject.evaluate(variables_of_input(run_input))
+        except EvaluationError:
+            subject = None
+        if not isinstance(subject, str) or not subject:
+            kind = "an empty string" if subject == "" else "no string"
+            raise SubjectMissing(
+                f"the workflow's subject `{self.subject.source}` gives {kind} for this "
+                "input: give the field it reads, as a non-empty string"
+            )
+        return subject
 
     def render(self, step_id: str, variables: Activation) -> JSON:
         """Evaluate a call's input or a finish's output for a run."""

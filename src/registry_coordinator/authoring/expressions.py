@@ -160,15 +160,16 @@ class Environment:
     """A cel-cpp environment declaring the variables of one :class:`Scope`, and
     Coordinator's :data:`FUNCTIONS`."""
 
-    def __init__(self, scope: Scope) -> None:
-        variables: dict[str, object] = {
-            "input": cel.Type.DYN,
-            "run.id": cel.Type.STRING,
-            "run.admitted_at": cel.Type.TIMESTAMP,
-            "run.deadline_at": cel.Type.TIMESTAMP,
-        }
-        variables.update({f"steps.{s}": cel.Type.DYN for s in scope.steps})
-        variables.update({f"completed.{s}": cel.Type.TIMESTAMP for s in scope.completed})
+    def __init__(self, scope: Scope | None) -> None:
+        """The environment of a step in ``scope``; with none, of the input alone (a
+        workflow's ``subject``, known before the run is)."""
+        variables: dict[str, object] = {"input": cel.Type.DYN}
+        if scope is not None:
+            variables["run.id"] = cel.Type.STRING
+            variables["run.admitted_at"] = cel.Type.TIMESTAMP
+            variables["run.deadline_at"] = cel.Type.TIMESTAMP
+            variables.update({f"steps.{s}": cel.Type.DYN for s in scope.steps})
+            variables.update({f"completed.{s}": cel.Type.TIMESTAMP for s in scope.completed})
         self._env = cel.NewEnv(variables=variables, functions=list(FUNCTIONS))
 
     def compile(self, source: str, expect: Iterable[str] = ()) -> Compiled:
@@ -409,3 +410,11 @@ def variables(
     data.update({f"steps.{k}": v for k, v in outputs.items()})
     data.update({f"completed.{k}": v for k, v in completed.items()})
     return data
+
+
+def variables_of_input(run_input: JSON) -> dict[str, object]:
+    """The activation of an expression over the input alone (a workflow's subject), the
+    input refused as :func:`variables` refuses it."""
+    if holds_nul(run_input):
+        raise EvaluationError("input holds a NUL character, which expressions cannot read")
+    return {"input": run_input}

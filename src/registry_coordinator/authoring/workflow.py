@@ -150,6 +150,9 @@ class Workflow:
     start: str
     steps: dict[str, Step]
     document: JSON = field(repr=False)
+    #: Whose personal data the run holds: a CEL expression over the input giving the data
+    #: subject's id (docs/custody.md), each subject's data sealed under a key of its own.
+    subject: str | None = None
 
 
 def read_workflow(
@@ -166,7 +169,7 @@ def read_workflow(
         (),
         "the workflow",
         ["apiVersion", "kind", "id", "version", "deadline", "input", "outcomes", "start", "steps"],
-        ["title", "description", "connections"],
+        ["title", "description", "connections", "subject"],
     )
     _header(reader, root)
     wf_id = reader.matching(
@@ -186,6 +189,7 @@ def read_workflow(
     title = reader.string(root, "title", (), "the workflow")
     description = reader.string(root, "description", (), "the workflow")
     deadline = _deadline(reader, root)
+    subject = reader.string(root, "subject", (), "the workflow")
     input_schema = root.get("input")
     if "input" in root and not isinstance(input_schema, dict | bool):
         reader.report(
@@ -214,6 +218,7 @@ def read_workflow(
         start=start,
         steps=steps,
         document=document,
+        subject=subject,
     )
     return workflow, reader.diagnostics
 
