@@ -17,7 +17,7 @@ from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Event, first_break, parse
 from registry_coordinator.semantics.checkpoints import public_key
 from registry_coordinator.store.database import QUERIES, sync_connection
-from tests.support import Services, coordinator, signing, wait_for
+from tests.support import ADMISSION_WAITING, Services, coordinator, signing, wait_for
 
 RUNS = 7
 BATCH = 3
@@ -147,14 +147,6 @@ def test_archiving_killed_at_every_point_loses_no_run(dsn: str, services: Servic
     assert len(said) == 2, said
     assert any(f"its bundle {bundle} is not the one recorded" in line for line in said), said
     assert any(f"its bundle {other} cannot be read" in line for line in said), said
-
-
-#: Sessions of this database whose admission of a run waits on a lock.
-ADMISSION_WAITING = """
-    SELECT count(*) FROM pg_stat_activity
-    WHERE datname = current_database() AND wait_event_type = 'Lock'
-      AND position('INSERT INTO runs' IN query) > 0
-"""
 
 
 def test_a_start_retried_while_its_run_is_archived_is_not_started_again(

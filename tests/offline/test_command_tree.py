@@ -111,6 +111,7 @@ TREE = {
     "coordinator admission": {"<action>": REQUIRED},
     "coordinator admission hold": {**REMOTE, "--reason": REQUIRED},
     "coordinator admission release": {**REMOTE, "--reason": REQUIRED},
+    "coordinator erase": {**REMOTE, "--subject": REQUIRED, "--reason": REQUIRED},
     "coordinator demo": {
         "--workflows": OPTIONAL,
         "--data": OPTIONAL,

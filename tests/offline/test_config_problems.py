@@ -292,3 +292,25 @@ def test_connection_bound_parameters_and_task_authority_are_checked_per_connecti
     )
     reading, _ = read_service(mended)
     assert reading.problems.all() == []
+
+
+def test_a_workflow_naming_its_data_subject_needs_custody_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without custody its runs' data would be kept in clear, where no erasure reaches."""
+    monkeypatch.setenv("SUBJECT_TEST_TOKEN", "x")
+    artifact, digest = package("subject-lookup", tmp_path / "artifacts")
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "database: {embedded: {dataDirectory: pg}}\n"
+        f"workflows:\n  - {{artifact: {artifact}, digest: '{digest}'}}\n"
+        "auth: {mode: none}\n"
+        "connections:\n"
+        "  records: {product: breg, baseUrl: 'http://127.0.0.1:1',\n"
+        "            identity: {bearer: env:SUBJECT_TEST_TOKEN}}\n"
+    )
+    reading, _ = read_service(path)
+    [found] = reading.problems.of("workflows")
+    assert (found.code, found.position) == ("config.invalid-value", Position(3, 5))
+    assert "names its data subject (input.applicantId)" in found.message
+    assert "custody" in found.repair

@@ -107,6 +107,16 @@ REVERSALS: dict[int, str] = {
         DROP TABLE data_keys;
         DELETE FROM coordinator_migrations WHERE version = 16;
     """,
+    17: """
+        DROP INDEX archived_runs_by_data_key;
+        ALTER TABLE archived_runs DROP COLUMN data_key;
+        DROP INDEX runs_by_data_key;
+        ALTER TABLE data_keys DROP COLUMN erased_by, DROP COLUMN erase_reason,
+            DROP CONSTRAINT data_keys_shared_kept;
+        DROP INDEX data_keys_by_subject;
+        ALTER TABLE data_keys ADD CONSTRAINT data_keys_subject_key UNIQUE (subject);
+        DELETE FROM coordinator_migrations WHERE version = 17;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

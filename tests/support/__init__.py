@@ -154,9 +154,10 @@ from tests.support.tokens import (
     signed_in,
     signing,
 )
-from tests.support.waiting import until, wait_for, wait_ready, wait_state
+from tests.support.waiting import ADMISSION_WAITING, until, wait_for, wait_ready, wait_state
 
 __all__ = [
+    "ADMISSION_WAITING",
     "ASKED",
     "ASKING",
     "CALLED",

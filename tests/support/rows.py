@@ -67,7 +67,9 @@ def sealer_of(dsn: str) -> Sealer | None:
     assert timeline is not None
     kek = services_kek(dsn)
     keys: dict[int, DataKey | None] = {
-        row["id"]: unwrap({1: kek}, timeline["installation"], row["id"], 1, bytes(row["wrapped"]))
+        row["id"]: None
+        if row["wrapped"] is None  # erased
+        else unwrap({1: kek}, timeline["installation"], row["id"], 1, bytes(row["wrapped"]))
         for row in held
     }
     shared = next((keys[row["id"]] for row in held if row["subject"] is None), None)

@@ -16,6 +16,15 @@ from tests.support.processes import Service
 Found = TypeVar("Found")
 
 
+#: Sessions of this database whose admission of a run waits on a lock: a test holding a
+#: lock open waits for it with :func:`wait_for` (``wait_for(dsn, ADMISSION_WAITING, 1)``).
+ADMISSION_WAITING = """
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND wait_event_type = 'Lock'
+      AND position('INSERT INTO runs' IN query) > 0
+"""
+
+
 def wait_for(
     dsn: str, sql: str, expected: Any, timeout: float = 30, params: tuple[Any, ...] = ()
 ) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from registry_coordinator.audit.checkpointer import checkpoint, stored
+from registry_coordinator.custody import NO_RUN, Purpose
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Break, Event, first_break, parse
@@ -48,6 +49,21 @@ class Verified:
     breaks: list[Break] = field(default_factory=list)
     checkpoint_breaks: list[tuple[int, str]] = field(default_factory=list)  # (number, why)
     moved: Moved | None = None  # the one run asked for, when it was archived
+    erasures: list[Erased] = field(default_factory=list)  # of every run, not of one asked for
+
+
+@dataclass(frozen=True)
+class Erased:
+    """A data subject's key, erased: when, by whom and why (None: sealed, and this
+    command has no custody keys to open it), and how many runs and events (of those
+    still in the database) held values sealed under it: their chain holds without them."""
+
+    key: int
+    at: datetime
+    actor: str
+    reason: str | None
+    runs: int
+    events: int
 
 
 @dataclass(frozen=True)
@@ -253,6 +269,8 @@ async def verify(
                 "run is neither in the database nor archived"
             )
             found.breaks.append(Break(lost["run"], lost["seq"], why))
+    if run is None:
+        found.erasures = [_erased(db, row) for row in await db.rows("erased_events")]
     await _checkpoints(db, key, found)
     if kept is not None:
         row = await db.row("audit_checkpoint", {"number": kept.number})
@@ -265,6 +283,15 @@ async def verify(
                 (kept.number, "the database's differs from the copy kept elsewhere")
             )
     return found
+
+
+def _erased(db: Database, row: Row) -> Erased:
+    reason = None
+    if db.sealer is not None:
+        place = (NO_RUN, Purpose.REASON, "erasure", row["erase_reason"], f"key.{row['id']}")
+        opened = db.sealer.open(*place)
+        reason = opened if isinstance(opened, str) else None
+    return Erased(row["id"], row["erased_at"], row["erased_by"], reason, row["runs"], row["events"])
 
 
 class Unexportable(CoordinatorError):

@@ -227,7 +227,10 @@ def _since(text: str) -> datetime:
 
 
 def _report(verified: Verified, run: uuid.UUID | None, key: Ed25519PublicKey | None) -> int:
-    """Each break on its line of stdout, then what was verified, or why it does not hold."""
+    """Each break on its line of stdout, then what was verified, or why it does not hold,
+    with each erased data subject's key: when, by whom, why, and what it sealed."""
+    from registry_coordinator.authoring.expressions import format_instant
+
     for broken in verified.breaks:
         print(f"run {broken.run}: event {broken.seq}: {broken.why}")
     for number, why in verified.checkpoint_breaks:
@@ -262,6 +265,13 @@ def _report(verified: Verified, run: uuid.UUID | None, key: Ed25519PublicKey | N
             "coordinator audit verify --bundle FILE --public-key KEY"
         )
         return ExitCode.OK
+    for erased in verified.erasures:
+        why = erased.reason if erased.reason is not None else "sealed: give custody keys to read"
+        print(
+            f"data key {erased.key} was erased at {format_instant(erased.at)} by "
+            f"{erased.actor} ({why}): {erased.runs} runs, {erased.events} events in the "
+            "database hold values sealed under it, now unreadable; their chain holds"
+        )
     print(f"verified {what}: every history holds its chain and its signed heads")
     return ExitCode.OK
 

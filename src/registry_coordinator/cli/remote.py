@@ -1,6 +1,6 @@
-"""The operators' commands to a running service: ``coordinator runs ...`` and
-``coordinator admission ...``, their arguments; :mod:`registry_coordinator.http.remote`
-sends them and says what came back.
+"""The operators' commands to a running service: ``coordinator runs ...``,
+``coordinator admission ...`` and ``coordinator erase``, their arguments;
+:mod:`registry_coordinator.http.remote` sends them and says what came back.
 
 Every remote command takes the same three options (where the service is, the file holding
 the bearer token, and text or JSON), each defaulting to an environment variable where an
@@ -22,7 +22,7 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def add_commands(commands: Commands) -> None:
-    """The ``runs`` and ``admission`` commands, with their common options."""
+    """The ``runs``, ``admission`` and ``erase`` commands, with their common options."""
     runs = commands.add_parser("runs", help="start, list, inspect and act on runs")
     common = type(runs)(add_help=False)  # a parent only: each command copies its options
     common.add_argument(
@@ -82,9 +82,17 @@ def add_commands(commands: Commands) -> None:
         change = changes.add_parser(name, parents=[common], help=f"{name} admission")
         change.add_argument("--reason", required=True)
 
+    erase = commands.add_parser(
+        "erase",
+        parents=[common],
+        help="erase one data subject's personal data, in every run and bundle (operators)",
+    )
+    erase.add_argument("--subject", required=True, help="the id the workflow's subject gives")
+    erase.add_argument("--reason", required=True)
+
 
 def handlers() -> dict[str, Handler]:
-    return {"runs": _remote, "admission": _remote}
+    return {"runs": _remote, "admission": _remote, "erase": _remote}
 
 
 def _remote(args: argparse.Namespace) -> int:

@@ -16,31 +16,75 @@ import hashlib
 import hmac
 import json
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.custody.sealing import (
     CustodyCode,
     DataKey,
+    Kek,
     Place,
     Purpose,
     Unopenable,
     open_sealed,
     seal,
+    unwrap,
 )
 
 _DIGEST_LABEL = b"registry-coordinator/digest/1"
+_SUBJECT_LABEL = b"registry-coordinator/subject/1"
 
 
 @dataclass(frozen=True)
 class Sealer:
-    """Seals under ``key``; opens with any of ``keys`` (None for an erased key)."""
+    """Seals under ``key``; opens with any of ``keys`` (None for an erased key), which
+    grows as the store meets keys it had not unwrapped (:meth:`learn`, with ``keks``).
+    The installation's sealer seals under its ``shared`` key; a run whose data is its
+    subject's is sealed by :meth:`under` that subject's key."""
 
     installation: uuid.UUID
     key: DataKey = field(repr=False)
     keys: dict[int, DataKey | None] = field(repr=False)
+    keks: Mapping[int, Kek] = field(default_factory=dict, repr=False)
+    shared: DataKey | None = field(default=None, repr=False)  # None: ``key`` is the shared
+    active: int | None = None  # the KEK version a data key made now is wrapped under
+
+    def under(self, data_key: int) -> Sealer:
+        """This sealer sealing under data key ``data_key`` (a run's, :data:`runs.data_key`):
+        refused if it is erased or not learnt (the store learns a run's key as it reads
+        the run's row)."""
+        key = self.keys.get(data_key)
+        if key is None:
+            code = CustodyCode.ERASED if data_key in self.keys else CustodyCode.UNKNOWN_KEY
+            state = "was erased" if code is CustodyCode.ERASED else "is not held"
+            raise Unopenable(code, f"data key {data_key} {state}: nothing is sealed under it")
+        if key == self.key:
+            return self
+        return replace(self, key=key, shared=self.shared or self.key)
+
+    def learn(self, data_key: int, kek: int | None, wrapped: bytes | memoryview | None) -> None:
+        """Hold data key ``data_key`` as its row gives it (no ``wrapped``: erased)."""
+        self.keys[data_key] = (
+            None
+            if wrapped is None or kek is None
+            else unwrap(self.keks, self.installation, data_key, kek, bytes(wrapped))
+        )
+
+    def forget(self, data_key: int) -> None:
+        """Data key ``data_key`` was erased: nothing opens under it here any more."""
+        if data_key in self.keys:
+            self.keys[data_key] = None
+
+    def erased(self, data_key: int) -> bool:
+        """Whether data key ``data_key`` is known here to be erased."""
+        return data_key in self.keys and self.keys[data_key] is None
+
+    def subject_hash(self, subject: str) -> bytes:
+        """What ``data_keys.subject`` names ``subject`` by: an HMAC-SHA-256 under a key of
+        its own derived from the shared key, so a dump cannot confirm a guessed id."""
+        return hmac.new(self._subject_key, subject.encode(), hashlib.sha256).digest()
 
     def seal(
         self, run: uuid.UUID | str, purpose: Purpose, step: str, value: JSON, part: str = ""
@@ -85,7 +129,11 @@ class Sealer:
     def _digest_key(self) -> bytes:
         """A key of its own for digests, derived from the shared key: never one key for
         two purposes."""
-        return hmac.new(self.key.secret, _DIGEST_LABEL, hashlib.sha256).digest()
+        return hmac.new((self.shared or self.key).secret, _DIGEST_LABEL, hashlib.sha256).digest()
+
+    @cached_property
+    def _subject_key(self) -> bytes:
+        return hmac.new((self.shared or self.key).secret, _SUBJECT_LABEL, hashlib.sha256).digest()
 
     def seal_sending(
         self, run: uuid.UUID | str, step: str, column: str, value: JSON | bytes
@@ -115,8 +163,13 @@ class Sealer:
         erased key."""
         return _fields(detail, partial(self.seal_field, run, step))
 
-    def open_detail(self, run: uuid.UUID | str, step: str, detail: JSON) -> JSON:
-        """A sealed run's history event ``detail`` as it was written (:meth:`seal_detail`)."""
+    def open_detail(
+        self, run: uuid.UUID | str, step: str, detail: JSON, data_key: int | None = None
+    ) -> JSON:
+        """A sealed run's history event ``detail`` as it was written (:meth:`seal_detail`);
+        its sealed fields null if they were sealed under ``data_key``, since erased."""
+        if data_key is not None and self.erased(data_key):
+            return _fields(detail, lambda name, stored: None)
         return _fields(detail, partial(self.open_field, run, step))
 
     def seal_field(self, run: uuid.UUID | str, step: str, name: str, value: JSON) -> str:
@@ -158,7 +211,8 @@ def _fields(detail: JSON, change: Callable[[str, JSON], JSON]) -> JSON:
 
 
 def sealer_for(sealer: Sealer | None, run: object) -> Sealer:
-    """``sealer``, for ``run`` whose data is sealed; refused where there is none (a start
+    """``sealer``, for ``run`` whose data is sealed (to seal more of it, take the run's
+    own: :meth:`Sealer.under` its ``data_key``); refused where there is none (a start
     refuses such a database first: this holds a store used without its custody)."""
     if sealer is None:
         raise Unopenable(

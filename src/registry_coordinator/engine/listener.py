@@ -4,7 +4,9 @@ Admissions and webhook deliveries NOTIFY ``coordinator_wake`` (in the statements
 that write them); the listener wakes an idle worker, so a run woken in another
 process resumes in milliseconds. Notifications are best-effort: after every
 (re)connect the workers catch up from the tables, and the timer's sweep is the
-safety net, so correctness never depends on a notification arriving.
+safety net, so correctness never depends on a notification arriving. A data key's
+erasure is told on the same channel: this process's sealer forgets the key at once, and
+after a reconnect every key erased while it was away.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import trio
 
 from registry_coordinator.engine.backoff import LISTENER_RECONNECT
 from registry_coordinator.engine.timers import Timer
+from registry_coordinator.store import keys
 from registry_coordinator.store.database import Database, Unavailable, notifications
 
 log = logging.getLogger(__name__)
@@ -45,8 +48,10 @@ class Listener:
                         self.reconnects += 1
                         log.info("listener reconnected; catching up from the tables")
                     self.timer.wake_all()  # anything notified while we were away
-                    async for _ in received:
-                        self.timer.runnable()
+                    await keys.forget_erased(self.db)
+                    async for payload in received:
+                        if not keys.forget_notified(self.db, payload):
+                            self.timer.runnable()
             except Unavailable as exc:
                 pause = LISTENER_RECONNECT.pause(failures + 1)
                 log.warning("listener disconnected (%s); reconnecting in %.1f s", exc, pause)

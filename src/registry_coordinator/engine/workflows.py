@@ -32,6 +32,7 @@ from registry_coordinator.config import (
     Config,
     ConfigReading,
     ConnectionConfig,
+    CustodyConfig,
     PinnedWorkflow,
     Problems,
     read_config,
@@ -97,6 +98,26 @@ class Workflows:
             seen[identity] = digest
             pinned.append(Pinned(definition, digest, pin.artifact.read_bytes(), pin))
         return cls(pinned, mismatched)
+
+    def check_custody(self, custody: CustodyConfig, problems: Problems) -> None:
+        """Report every pinned workflow that names its data subject while the configuration
+        has no custody keys: its runs' data would be kept in clear, beyond any erasure."""
+        if custody.active is not None:
+            return
+        for pin in self.judged:
+            workflow = pin.definition.workflow
+            if workflow.subject is None:
+                continue
+            problems.report(
+                "workflows",
+                "config.invalid-value",
+                f"{workflow.id} version {workflow.version} names its data subject "
+                f"({workflow.subject}), and the configuration has no custody keys: its runs' "
+                "data would be kept in clear, and could not be erased",
+                'give custody: {keys: {"1": file:FILE}, active: 1} '
+                "(coordinator keys generate --out FILE makes one)",
+                pin.pin.path if pin.pin else ("workflows",),
+            )
 
     def check_bindings(self, products: dict[str, str | None] | None, problems: Problems) -> None:
         """Report every pinned workflow's connection that is not bound to the product kind
@@ -350,6 +371,8 @@ def read_service(path: Path) -> tuple[ConfigReading, Workflows]:
     workflows = Workflows.load(reading.pins, reading.problems)
     workflows.check_bindings(reading.products, reading.problems)
     workflows.check_connections(reading.connections, reading.problems)
+    if reading.config is not None:
+        workflows.check_custody(reading.config.custody, reading.problems)
     return reading, workflows
 
 

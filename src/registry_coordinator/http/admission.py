@@ -24,6 +24,7 @@ from quart import Response
 
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.authoring.definition import SubjectMissing
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.archive import gone
@@ -96,7 +97,7 @@ def _checked(
     given: JSON,
 ) -> store.Start:
     """The start the store takes, once the caller's policies cover the workflow (403),
-    it is pinned (404) and the input fits its schema (422)."""
+    it is pinned (404) and the input fits its schema and gives its subject (422)."""
     caller.require("start", workflow)
     pinned = workflows.for_start(workflow, version)
     if pinned is None:
@@ -115,7 +116,11 @@ def _checked(
             "the input does not fit the workflow's input schema",
             errors=problems,
         )
-    return store.Start(pinned.definition, pinned.digest, key, given, version)
+    try:
+        subject = pinned.definition.subject_of(given)
+    except SubjectMissing as exc:
+        raise Problem(422, "input.no-subject", str(exc)) from None
+    return store.Start(pinned.definition, pinned.digest, key, given, version, subject)
 
 
 def _refusal(refused: store.KeyReused | store.StartArchived | store.AdmissionHeld) -> Problem:
@@ -164,6 +169,7 @@ async def start(
             asked.asked_version,
             run_id=run_id,
             traceparent=serving.start(run_id),
+            subject=asked.subject,
         )
     except (store.AdmissionHeld, store.StartArchived, store.KeyReused) as refused:
         raise _refusal(refused) from None

@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from registry_coordinator.custody import Unopenable
-from registry_coordinator.http import admission, deliveries, probes, runs
+from registry_coordinator.http import admission, deliveries, probes, runs, subjects
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem, data_unopenable
@@ -58,6 +58,7 @@ ROUTES = (
     route("/v1/admission/hold", post=admission.hold),
     route("/v1/admission/release", post=admission.release),
     route("/v1/workflows", get=admission.pinned),
+    route("/v1/erasures", post=subjects.erase),
     route("/v1/results/<connection>", post=deliveries.deliver),
     route("/health", get=probes.health),
     route("/ready", get=probes.ready),

@@ -45,6 +45,9 @@ CODES: dict[str, str] = {
     "auth.keys-unavailable": "the issuer's key set could not be read for longer than allowed",
     "workflow.not-pinned": "no pinned workflow (version) of that name",
     "input.invalid": "the input does not fit the workflow's input schema",
+    "input.no-subject": "the input gives the workflow's subject no id",
+    "subject.unknown": "no run was sealed under a key of that data subject",
+    "subject.live": "the data subject has runs that have not ended: cancel them first",
     "admission.held": "new starts are held by an operator",
     "run.binding-changed": "a resend of a request sealed under a binding its connection "
     "no longer has, without saying which to send it over",

@@ -1,4 +1,4 @@
-"""The remote CLI's client: ``coordinator runs ...`` and ``coordinator admission ...`` over HTTP.
+"""The remote CLI's client: ``coordinator runs``, ``admission`` and ``erase`` over HTTP.
 
 :mod:`registry_coordinator.cli.remote` parses these commands (the layers: the command
 line may import this module, never the reverse); this module turns one into its request,
@@ -84,6 +84,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
     """The HTTP request a command makes: method, path, body, query and headers."""
     if args.command == "admission":
         return "POST", f"/v1/admission/{args.action}", {"reason": args.reason}, {}, {}
+    if args.command == "erase":
+        return "POST", "/v1/erasures", {"subject": args.subject, "reason": args.reason}, {}, {}
     action = args.action
     if action == "start":
         text = args.input
@@ -130,6 +132,16 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
 def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> str:
     if args.command == "admission":
         return f"admission {'held' if answer['held'] else 'released'}: {answer['reason']}"
+    if args.command == "erase":
+        when = f"at {answer['erasedAt']} by {answer['erasedBy']}"
+        if answer["before"]:
+            return (
+                f"the subject's data key {answer['key']} was erased before, {when}: nothing changed"
+            )
+        return (
+            f"erased the subject's data key {answer['key']} {when}: what {answer['runs']} runs "
+            "held of the subject is unreadable now, in the database and in every bundle"
+        )
     if args.action == "list":
         lines = [
             f"{r['id']}  {r['state']:<9}  {r['workflow']['id']}  ended {r['endedAt']}"

@@ -52,7 +52,9 @@ class Claimed:
     dispatched: bool  # a call's request was sealed and may have left, with no outcome recorded
     traceparent: str | None  # the trace context its spans continue: its start request's
     clock: tuple[datetime, float] = field(repr=False)  # database time at claim, trio time then
-    sealed: bool = False  # its personal data is sealed (runs.data_key): so is what it records
+    #: The data key its personal data is sealed under (None: not sealed); what it records
+    #: is sealed under it too.
+    data_key: int | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> Claimed:
@@ -76,8 +78,12 @@ class Claimed:
             dispatched=row["dispatched_at"] is not None,
             traceparent=row["traceparent"],
             clock=(row["now"], trio.current_time()),
-            sealed=row["data_key"] is not None,
+            data_key=row["data_key"],
         )
+
+    @property
+    def sealed(self) -> bool:
+        return self.data_key is not None
 
     def now(self) -> datetime:
         """The database's clock, read at claim and carried forward by Trio's monotonic one."""

@@ -39,6 +39,7 @@ statement is sent on it: after an outage, no statement fails on a connection fro
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 import select
 from collections.abc import AsyncIterator, Mapping
@@ -57,6 +58,8 @@ from psycopg.waiting import Ready, Wait
 
 from registry_coordinator.custody import SENDING, Purpose, Sealer, Unopenable, sealer_for
 from registry_coordinator.errors import CoordinatorError, ExitCode
+
+log = logging.getLogger(__name__)
 
 #: A row as psycopg reads it: column name -> value, typed by the query alone (the records
 #: of :mod:`records` are the typed rows the HTTP layer reads).
@@ -268,9 +271,25 @@ class Connection:
             rows = [] if cursor.description is None else await cursor.fetchall()
         except psycopg.Error as exc:
             raise _translated(exc) from None
+        if rows and self.sealer is not None and "data_key" in rows[0]:
+            await self._learn({row["data_key"] for row in rows} - self.sealer.keys.keys())
         if rows and not SEALED_COLUMNS.isdisjoint(rows[0]):
             return open_rows(query, rows, self.sealer)
         return rows
+
+    async def _learn(self, ids: set[int | None]) -> None:
+        """The data keys rows name that the sealer does not hold yet, unwrapped and held:
+        a subject's key is first met in the row of one of its runs. One that does not
+        unwrap is left out, and what it sealed is refused as under a key not held."""
+        wanted = sorted(key for key in ids if key is not None)
+        if not wanted:
+            return
+        assert self.sealer is not None
+        for row in await self.rows("data_keys_by_id", {"ids": wanted}):
+            try:
+                self.sealer.learn(row["id"], row["kek"], row["wrapped"])
+            except Unopenable as exc:
+                log.warning("data key %s does not unwrap: %s", row["id"], exc)
 
     async def row(self, query: str, params: Params | None = None) -> Row | None:
         found = await self.rows(query, params)
@@ -348,12 +367,15 @@ def open_rows(query: str, rows: list[Row], sealer: Sealer | None) -> list[Row]:
 
 def open_row(query: str, row: Row, sealer: Sealer | None) -> Row:
     """``row`` (of the named ``query``) with its run's sealed columns opened (as it is,
-    for a run not sealed). A row with a sending's columns names its call's ``step``."""
+    for a run not sealed; null, for a run whose subject was erased). A row with a
+    sending's columns names its call's ``step``."""
     assert "data_key" in row, f"{query} reads a run's sealed columns without runs.data_key"
     if row["data_key"] is None:
         return row
     run, opened = row["id"], dict(row)
     sealer = sealer_for(sealer, run)
+    if sealer.erased(row["data_key"]):
+        return _erased(opened)
     if opened.get("input") is not None:
         opened["input"] = sealer.open(run, Purpose.INPUT, "", opened["input"])
     if opened.get("outputs") is not None:
@@ -365,6 +387,17 @@ def open_row(query: str, row: Row, sealer: Sealer | None) -> Row:
         if opened[column] is not None:
             opened[column] = sealer.open_sending(run, row["step"], column, opened[column])
     return opened
+
+
+def _erased(row: Row) -> Row:
+    """A run's row whose subject was erased: its sealed columns null (its steps' outputs
+    by step), which is all that is left of them."""
+    for column in SEALED_COLUMNS & row.keys():
+        if column == "outputs" and row[column] is not None:
+            row[column] = dict.fromkeys(row[column])
+        else:
+            row[column] = None
+    return row
 
 
 def _adapt(params: Params | None) -> dict[str, object] | None:

@@ -39,6 +39,7 @@ POINTS = (
     "archive-recorded",
     "archive-committed",
     "mid-rotation",
+    "mid-erasure",
 )
 
 

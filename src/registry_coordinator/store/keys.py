@@ -18,19 +18,24 @@ from __future__ import annotations
 import os
 import secrets
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+
+from psycopg.types.json import Jsonb
 
 from registry_coordinator.config import CustodyConfig
 from registry_coordinator.custody import (
+    NO_RUN,
     CustodyCode,
     DataKey,
+    Purpose,
     Sealer,
     Unopenable,
     unwrap,
     wrap,
 )
+from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.store.database import Database, Row
 from registry_coordinator.store.faults import crash_point
 
@@ -44,34 +49,49 @@ async def open_custody(db: Database, custody: CustodyConfig, *, make: bool) -> S
     """The sealer of ``db`` under ``custody``'s keys (None when it configures none). With
     ``make``, the installation's shared key is made if there is none yet (``serve`` seals
     new runs under it); without, a database that holds none gives None: nothing in it is
-    sealed, and a command that only reads writes nothing."""
-    held = await db.rows("data_keys_held")
-    installation = await _installation(db, custody, held)
-    if installation is None or not (make or any(row["shared"] for row in held)):
+    sealed, and a command that only reads writes nothing.
+
+    Only the shared key is unwrapped now, and one key of each KEK version a key names, so
+    that a KEK configured wrongly stops the start; a subject's key is unwrapped when a
+    row first names it (:meth:`Connection.rows`): a registry holds one per person."""
+    versions = await db.rows("data_keys_by_version")
+    installation = await _installation(db, custody, versions)
+    if installation is None:
         return None
-    if not any(row["shared"] for row in held):
+    shared = await db.row("shared_data_key")
+    if shared is None and not make:
+        return None
+    if shared is None:
         assert custody.active is not None
         kek = custody.keks[custody.active]
-        made = DataKey(secrets.randbits(63) or 1, os.urandom(32))
+        made = DataKey(_new_id(), os.urandom(32))
         wrapped = wrap(kek, installation, made)
         await db.execute(
             "make_shared_data_key", {"id": made.id, "kek": kek.version, "wrapped": wrapped}
         )
-        held = await db.rows("data_keys_held")  # ours, or another process's made first
-    keys = _unwrapped(custody, installation, held)
-    shared = next(keys[row["id"]] for row in held if row["shared"])
-    assert shared is not None, "the shared key is never erased"
-    return Sealer(installation, shared, keys)
+        shared = await db.row("shared_data_key")  # ours, or another process's made first
+        assert shared is not None
+    key = _unwrap(custody, installation, shared)
+    sealer = Sealer(installation, key, {}, custody.keks, active=custody.active)
+    for row in (shared, *versions):
+        sealer.learn(row["id"], row["kek"], row["wrapped"])
+    return sealer
+
+
+def _new_id() -> int:
+    return secrets.randbits(63) or 1
 
 
 async def versions(db: Database, custody: CustodyConfig) -> dict[int, int]:
-    """How many data keys each KEK version wraps, every one unwrapped with ``custody``'s
-    keys (:class:`Unopenable` as a start would refuse it); nothing is made or changed."""
-    held = await db.rows("data_keys_held")
+    """How many data keys each KEK version wraps, one of each unwrapped with
+    ``custody``'s keys (:class:`Unopenable` as a start would refuse it); nothing is made
+    or changed."""
+    held = await db.rows("data_keys_by_version")
     installation = await _installation(db, custody, held)
     if installation is not None:
-        _unwrapped(custody, installation, held)
-    return dict(Counter(row["kek"] for row in held if row["kek"] is not None))
+        for row in held:
+            _unwrap(custody, installation, row)
+    return {row["kek"]: row["count"] for row in held}
 
 
 async def _installation(db: Database, custody: CustodyConfig, held: list[Row]) -> uuid.UUID | None:
@@ -79,9 +99,10 @@ async def _installation(db: Database, custody: CustodyConfig, held: list[Row]) -
     database holds no keys it would need)."""
     if custody.active is None:
         if held:
+            count = sum(row["count"] for row in held)
             raise Unopenable(
                 CustodyCode.KEK_MISSING,
-                f"the database holds {counted(len(held))}, and the configuration has no "
+                f"the database holds {counted(count)}, and the configuration has no "
                 "custody keys to open them with: give custody: {keys: ..., active: N}",
             )
         return None
@@ -91,16 +112,8 @@ async def _installation(db: Database, custody: CustodyConfig, held: list[Row]) -
     return installation
 
 
-def _unwrapped(
-    custody: CustodyConfig, installation: uuid.UUID, held: list[Row]
-) -> dict[int, DataKey | None]:
-    """Every key of ``held`` unwrapped (None: erased)."""
-    return {
-        row["id"]: None
-        if row["wrapped"] is None
-        else unwrap(custody.keks, installation, row["id"], row["kek"], bytes(row["wrapped"]))
-        for row in held
-    }
+def _unwrap(custody: CustodyConfig, installation: uuid.UUID, row: Row) -> DataKey:
+    return unwrap(custody.keks, installation, row["id"], row["kek"], bytes(row["wrapped"]))
 
 
 @dataclass(frozen=True)
@@ -118,29 +131,138 @@ class Rotated:
 async def rotate(
     db: Database, custody: CustodyConfig, progress: Callable[[int, int], None]
 ) -> Rotated:
-    """Every data key of ``db`` wrapped under ``custody``'s active KEK; ``progress`` is
-    told (done, of) after each key. ``db`` was opened under ``custody`` (its sealer
-    holds every key unwrapped, so each version a row names is configured; it has none
-    when the database holds no key)."""
+    """Every data key of ``db`` wrapped under ``custody``'s active KEK, a page of keys at
+    a time; ``progress`` is told (done, of) after each key. ``db`` was opened under
+    ``custody`` (each version a key names is configured)."""
     assert custody.active is not None
     kek = custody.keks[custody.active]
-    held = await db.rows("data_keys_held")
-    due = [row for row in held if row["kek"] not in (None, kek.version)]
-    rewrapped = 0
-    for done, row in enumerate(due, start=1):
-        assert db.sealer is not None, "the store opened every key it holds"
-        key = db.sealer.keys[row["id"]]
-        assert key is not None, "a key with a version is not erased"
-        wrapped = wrap(kek, db.sealer.installation, key)
-        crash_point("mid-rotation")  # wrapped, not yet stored: the row is as it was
-        params = {"id": row["id"], "was": row["kek"], "kek": kek.version, "wrapped": wrapped}
-        rewrapped += await db.execute("rewrap_data_key", params)
-        progress(done, len(due))
-    now = await db.rows("data_keys_held")
+    before = await db.row("data_keys_counted", {"kek": kek.version})
+    assert before is not None
+    installation = db.sealer.installation if db.sealer is not None else None
+    rewrapped, done, after = 0, 0, 0
+    while installation is not None:
+        page = await db.rows("data_keys_to_rewrap", {"kek": kek.version, "after": after})
+        if not page:
+            break
+        for row in page:
+            wrapped = wrap(kek, installation, _unwrap(custody, installation, row))
+            crash_point("mid-rotation")  # wrapped, not yet stored: the row is as it was
+            params = {"id": row["id"], "was": row["kek"], "kek": kek.version, "wrapped": wrapped}
+            rewrapped += await db.execute("rewrap_data_key", params)
+            done += 1
+            progress(done, before["due"])
+        after = page[-1]["id"]
+    now = await db.rows("data_keys_by_version")
     return Rotated(
         kek.version,
         rewrapped,
-        sum(1 for row in held if row["kek"] == kek.version),
-        sum(1 for row in held if row["kek"] is None),
-        tuple(sorted({row["kek"] for row in now if row["kek"] is not None})),
+        before["already"],
+        before["erased"],
+        tuple(sorted(row["kek"] for row in now)),
     )
+
+
+async def subject_key(db: Database, subject: str) -> int:
+    """The id of ``subject``'s live data key, made if the subject has none (by this start,
+    or another made first), and held by the store's sealer to seal the run under."""
+    sealer = db.sealer
+    assert sealer is not None and sealer.active is not None, "serve seals with custody"
+    hashed = {"subject": sealer.subject_hash(subject)}
+    row = await db.row("subject_data_key", hashed)
+    if row is None:
+        made = DataKey(_new_id(), os.urandom(32))
+        kek = sealer.keks[sealer.active]
+        wrapped = wrap(kek, sealer.installation, made)
+        params = {**hashed, "id": made.id, "kek": kek.version, "wrapped": wrapped}
+        if await db.execute("make_subject_data_key", params):
+            sealer.keys[made.id] = made
+            return made.id
+        row = await db.row("subject_data_key", hashed)
+        assert row is not None, "another start made the subject's key"
+    if row["id"] not in sealer.keys:
+        sealer.learn(row["id"], row["kek"], row["wrapped"])
+    key: int = row["id"]
+    return key
+
+
+#: How ``erase_data_key`` tells every process a key was erased: ``erased:<id>`` on the
+#: wake channel.
+ERASED = "erased:"
+
+
+def forget_notified(db: Database, payload: str) -> bool:
+    """Whether ``payload`` told of an erased key, which ``db``'s sealer then forgets."""
+    if not payload.startswith(ERASED):
+        return False
+    if db.sealer is not None:
+        db.sealer.forget(int(payload.removeprefix(ERASED)))
+    return True
+
+
+async def forget_erased(db: Database) -> None:
+    """Every key ``db``'s sealer holds that was erased meanwhile forgotten: a listener
+    that was away may have missed the notice."""
+    if db.sealer is None:
+        return
+    held = [key for key, secret in db.sealer.keys.items() if secret is not None]
+    for row in await db.rows("data_keys_erased", {"ids": held}):
+        db.sealer.forget(row["id"])
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """A subject's data key erased: which, when, by whom, how many runs it sealed (in the
+    database and archived), and whether this call erased it or found it erased before."""
+
+    key: int
+    at: datetime
+    actor: str
+    runs: int
+    before: bool = False
+
+
+class SubjectUnknown(CoordinatorError):
+    """No run was ever sealed under a key of this subject."""
+
+
+class SubjectLive(CoordinatorError):
+    """Some of the subject's runs have not ended: erasing now would strand them."""
+
+    def __init__(self, runs: list[uuid.UUID]) -> None:
+        listed = ", ".join(map(str, runs))
+        super().__init__(
+            f"the subject has runs that have not ended ({listed}{', …' if len(runs) == 5 else ''}):"
+            " cancel them first (coordinator runs cancel RUN --reason …), then erase"
+        )
+        self.runs = runs
+
+
+async def erase(db: Database, subject: str, actor: str, reason: str) -> Erasure:
+    """Destroy ``subject``'s live data key for ``actor`` with ``reason`` (kept sealed under
+    the shared key): every value sealed under it, here and in every bundle, is unreadable
+    from then on, and every process forgets it. Refused while one of its runs is live
+    (:class:`SubjectLive`); a subject already erased is said so (``before``), changing
+    nothing; one never seen is :class:`SubjectUnknown`."""
+    sealer = db.sealer
+    if sealer is None:
+        raise SubjectUnknown("this service seals nothing (no custody keys): nothing to erase")
+    hashed = {"subject": sealer.subject_hash(subject)}
+    async with db.connection() as conn, conn.transaction():
+        key = await conn.row("lock_subject_data_key", hashed)
+        if key is None:
+            erased = await conn.rows("subject_erasures", hashed)
+            if not erased:
+                raise SubjectUnknown("no run was sealed under this subject: check the id")
+            last = erased[0]
+            return Erasure(last["id"], last["erased_at"], last["erased_by"], 0, before=True)
+        live = await conn.rows("live_runs_of_data_key", {"key": key["id"]})
+        if live:
+            raise SubjectLive([row["id"] for row in live])
+        sealed = sealer.seal(NO_RUN, Purpose.REASON, "erasure", reason, f"key.{key['id']}")
+        done = await conn.row(
+            "erase_data_key", {"key": key["id"], "actor": actor, "reason": Jsonb(sealed)}
+        )
+        assert done is not None, "the key was locked live"
+        crash_point("mid-erasure")  # erased, not committed: a kill leaves the key whole
+    sealer.forget(key["id"])
+    return Erasure(done["id"], done["erased_at"], actor, done["runs"])

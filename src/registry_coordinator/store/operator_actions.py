@@ -37,7 +37,7 @@ class OperatorRun:
     attempt: int
     dispatched_at: datetime | None
     hold_code: HoldCode | str | None  # a code this build does not know, as stored
-    sealed: bool  # its personal data is sealed (runs.data_key): so is a reconciled output
+    data_key: int | None  # its personal data's (None: not sealed): so is a reconciled output
 
     @classmethod
     def from_row(cls, row: Row) -> Self:
@@ -50,7 +50,7 @@ class OperatorRun:
             attempt=row["attempt"],
             dispatched_at=row["dispatched_at"],
             hold_code=known(HoldCode, row["hold_code"]),
-            sealed=row["data_key"] is not None,
+            data_key=row["data_key"],
         )
 
 
@@ -65,10 +65,9 @@ class LockedRun:
     def _fenced(self, event: JSON, **params: JSON) -> dict[str, JSON]:
         """The action's parameters, its ``event`` as the run's history holds it (its
         reason sealed, if the run's data is: every action's event is at the run's step)."""
-        if self.run.sealed:
-            event = sealer_for(self.conn.sealer, self.run.id).seal_detail(
-                self.run.id, self.run.step, event
-            )
+        if self.run.data_key is not None:
+            sealer = sealer_for(self.conn.sealer, self.run.id).under(self.run.data_key)
+            event = sealer.seal_detail(self.run.id, self.run.step, event)
         return {"id": self.run.id, "seq": self.run.seq, "event": event, **params}
 
     async def note(self, kind: str, actor: str, event: JSON, *, cancel: bool = False) -> None:
@@ -92,7 +91,7 @@ class LockedRun:
     ) -> None:
         """reconcile: the held call ``step`` completes with the product's ``output``, and
         the run goes on to ``next_step``."""
-        outputs = sealed_outputs(self.conn.sealer, self.run.id, self.run.sealed, {step: output})
+        outputs = sealed_outputs(self.conn.sealer, self.run.id, self.run.data_key, {step: output})
         await self.conn.row(
             "operator_complete",
             self._fenced(event, next=next_step, step=step, outputs=outputs, actor=actor),

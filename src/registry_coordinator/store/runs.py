@@ -34,7 +34,7 @@ from registry_coordinator.custody import NO_RUN, Purpose, Sealer, Unopenable, se
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.semantics.steps import Request, Transition
-from registry_coordinator.store import statements
+from registry_coordinator.store import keys, statements
 from registry_coordinator.store.claims import (
     Ahead,
     CancelledInFlight,
@@ -194,14 +194,15 @@ async def store_definition(
 @dataclass(frozen=True)
 class Start:
     """One start as admission takes it, checked: a pinned definition (and its digest),
-    the caller's key, the run's input, and the version as the caller asked for it (None:
-    it named none)."""
+    the caller's key, the run's input, the version as the caller asked for it (None: it
+    named none), and the run's data subject (None: the workflow names none)."""
 
     definition: Definition
     digest: str
     start_key: str
     run_input: JSON
     asked_version: str | None = None
+    subject: str | None = None
 
 
 #: What became of one start: its run, or why a single start would be refused.
@@ -219,39 +220,75 @@ async def admit(
     *,
     run_id: uuid.UUID | None = None,
     traceparent: str | None = None,
+    subject: str | None = None,
 ) -> Admitted:
     """Create a run due at once (its id ``run_id``, else a new one), or find the one this
     caller's key already started (even while admission is held: that start was admitted
     before the hold); or raise why not, as :func:`admit_many` says. ``traceparent`` is the
-    W3C trace context the run's spans continue (its request's span). One statement when
+    W3C trace context the run's spans continue (its request's span); ``subject`` its data
+    subject, whose key seals its data (:meth:`Definition.subject_of`). One statement when
     the run is created (one statement of a single row costs half what the batch's does for
     one), one more when not.
     """
     sealer = db.sealer
     started = StartDigest.of(sealer, definition.id, asked_version, run_input)
     run_id = run_id or uuid.uuid4()
-    params = {
-        "id": run_id,
-        "digest": digest,
-        "workflow_id": definition.id,
-        "caller": caller,
-        "start_key": start_key,
-        "start_digest": started.kept,
-        "input": Jsonb(_sealed_input(sealer, run_id, run_input)),
-        "data_key": sealer.key.id if sealer is not None else None,
-        "step": definition.workflow.start,
-        "deadline": definition.workflow.deadline,
-        "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
-        "traceparent": traceparent,
-    }
-    gate = await db.row("admit_run", params)
-    assert gate is not None, "schema 7 gives admission its row"
+    subjects = _Subjects(db, [subject])
+    while True:
+        [subject_key] = await subjects.resolve()
+        data_key = subject_key or (sealer.key.id if sealer is not None else None)
+        params = {
+            "id": run_id,
+            "digest": digest,
+            "workflow_id": definition.id,
+            "caller": caller,
+            "start_key": start_key,
+            "start_digest": started.kept,
+            "input": Jsonb(_sealed_input(sealer, data_key, run_id, run_input)),
+            "data_key": data_key,
+            "subject_key": subject_key,
+            "step": definition.workflow.start,
+            "deadline": definition.workflow.deadline,
+            "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
+            "traceparent": traceparent,
+        }
+        gate = await db.row("admit_run", params)
+        assert gate is not None, "schema 7 gives admission its row"
+        if not subjects.stale(gate):
+            break
     if gate["id"] is not None:
         return Admitted(gate["id"], True, RunStatus.from_row(gate))
     outcome = (await _not_admitted(db, caller, {start_key: started}, gate))[start_key]
     if not isinstance(outcome, Admitted):
         raise outcome
     return outcome
+
+
+class _Subjects:
+    """The data keys starts are sealed under, one per start: its subject's (None: the
+    shared key). A key erased while a start was admitted under it (``stale_keys``) is
+    forgotten, and the next :meth:`resolve` finds the subject a new one."""
+
+    def __init__(self, db: Database, subjects: Sequence[str | None]) -> None:
+        self.db, self.subjects = db, subjects
+        self.found: dict[str, int] = {}
+
+    async def resolve(self) -> list[int | None]:
+        for subject in self.subjects:
+            if subject is not None and subject not in self.found:
+                self.found[subject] = await keys.subject_key(self.db, subject)
+        return [None if s is None else self.found[s] for s in self.subjects]
+
+    def stale(self, gate: Row) -> bool:
+        """Whether some start's key was erased meanwhile (it was then not admitted)."""
+        stale = set(gate["stale_keys"])
+        if stale:
+            sealer = self.db.sealer
+            assert sealer is not None, "only a subject's key is erased"
+            for key in stale:
+                sealer.forget(key)
+        self.found = {s: k for s, k in self.found.items() if k not in stale}
+        return bool(stale)
 
 
 async def admit_many(
@@ -278,38 +315,55 @@ async def admit_many(
     }
     assert len(asked) == len(starts), "each start of a batch has its own key"
     run_ids = list(ids) if ids is not None else [uuid.uuid4() for _ in starts]
-    params = {
-        "caller": caller,
-        "ids": run_ids,
-        "traceparents": list(traceparents) if traceparents is not None else [None] * len(starts),
-        "digests": [start.digest for start in starts],
-        "workflow_ids": [start.definition.id for start in starts],
-        "start_keys": list(asked),
-        "start_digests": [started.kept for started in asked.values()],
-        "inputs": [
-            Jsonb(_sealed_input(sealer, run_id, start.run_input))
-            for run_id, start in zip(run_ids, starts, strict=True)
-        ],
-        "data_key": sealer.key.id if sealer is not None else None,
-        "steps": [start.definition.workflow.start for start in starts],
-        "deadlines": [start.definition.workflow.deadline for start in starts],
-    }
-    rows = await db.rows("admit_runs", params)
-    assert rows, "schema 7 gives admission its row"
-    outcomes: dict[str, StartOutcome] = {
-        row["start_key"]: Admitted(row["id"], True, RunStatus.from_row(row))
-        for row in rows
-        if row["id"] is not None
-    }
+    contexts = list(traceparents) if traceparents is not None else [None] * len(starts)
+    subjects = _Subjects(db, [start.subject for start in starts])
+    shared = sealer.key.id if sealer is not None else None
+    outcomes: dict[str, StartOutcome] = {}
+    pending = list(range(len(starts)))
+    while True:
+        subject_keys = await subjects.resolve()
+        some = [starts[n] for n in pending]
+        params = {
+            "caller": caller,
+            "ids": [run_ids[n] for n in pending],
+            "traceparents": [contexts[n] for n in pending],
+            "digests": [start.digest for start in some],
+            "workflow_ids": [start.definition.id for start in some],
+            "start_keys": [start.start_key for start in some],
+            "start_digests": [asked[start.start_key].kept for start in some],
+            "inputs": [
+                Jsonb(_sealed_input(sealer, subject_keys[n] or shared, run_ids[n], start.run_input))
+                for n, start in zip(pending, some, strict=True)
+            ],
+            "data_key": shared,
+            "subject_keys": [subject_keys[n] for n in pending],
+            "steps": [start.definition.workflow.start for start in some],
+            "deadlines": [start.definition.workflow.deadline for start in some],
+        }
+        rows = await db.rows("admit_runs", params)
+        assert rows, "schema 7 gives admission its row"
+        outcomes |= {
+            row["start_key"]: Admitted(row["id"], True, RunStatus.from_row(row))
+            for row in rows
+            if row["id"] is not None
+        }
+        stale = set(rows[0]["stale_keys"])
+        if not subjects.stale(rows[0]):
+            break
+        pending = [n for n in pending if subject_keys[n] in stale]  # they were not admitted
     left = {key: started for key, started in asked.items() if key not in outcomes}
     if left:
         outcomes |= await _not_admitted(db, caller, left, rows[0])
     return [outcomes[key] for key in asked]
 
 
-def _sealed_input(sealer: Sealer | None, run: uuid.UUID, run_input: JSON) -> JSON:
-    """A new run's input as its row holds it: sealed, with custody."""
-    return run_input if sealer is None else sealer.seal(run, Purpose.INPUT, "", run_input)
+def _sealed_input(
+    sealer: Sealer | None, data_key: int | None, run: uuid.UUID, run_input: JSON
+) -> JSON:
+    """A new run's input as its row holds it: sealed under ``data_key``, with custody."""
+    if sealer is None or data_key is None:
+        return run_input
+    return sealer.under(data_key).seal(run, Purpose.INPUT, "", run_input)
 
 
 async def _not_admitted(
@@ -492,8 +546,8 @@ async def dispatch(
     headers: JSON = [list(h) for h in request.headers] if request.headers else None
     body: JSON | bytes | None = request.body
     event_url = url  # the call-dispatched event's
-    if run.sealed:
-        sealer = sealer_for(db.sealer, run.id)
+    if run.data_key is not None:
+        sealer = sealer_for(db.sealer, run.id).under(run.data_key)
         event_url = sealer.seal_field(run.id, run.step, "url", url)
         url = str(sealer.seal_sending(run.id, run.step, "url", url))
         if headers is not None:
@@ -690,8 +744,9 @@ async def release_wait(
     a sealed run)."""
     now = run.now()
     due = wait_due(now, run.timer_at, run.deadline_at, poll)
-    if polled is not None and run.sealed:
-        polled = sealer_for(db.sealer, run.id).seal_detail(run.id, run.step, polled)
+    if polled is not None and run.data_key is not None:
+        sealer = sealer_for(db.sealer, run.id).under(run.data_key)
+        polled = sealer.seal_detail(run.id, run.step, polled)
     params = {
         "id": run.id,
         "token": run.token,
@@ -791,8 +846,8 @@ async def _defect(
 async def keep_late_answer(db: Database, run: Claimed, status: int, body: bytes) -> bool:
     """Keep an answer that came back after this claim on the run was lost, on the
     sending's execution, noted in the history; False if there was nothing to keep it on."""
-    if run.sealed:
-        sealer = sealer_for(db.sealer, run.id)
+    if run.data_key is not None:
+        sealer = sealer_for(db.sealer, run.id).under(run.data_key)
         body = bytes(sealer.seal_sending(run.id, run.step, "late_response", body))
     params = {
         "id": run.id,
@@ -852,12 +907,14 @@ def _visible(which: RunFilter, after: tuple[datetime, uuid.UUID]) -> dict[str, o
 
 
 async def history(db: Database, run_id: uuid.UUID) -> list[HistoryEvent]:
-    """A run's history, its events' personal fields opened if they are sealed."""
+    """A run's history, its events' personal fields opened if they are sealed (null once
+    their subject was erased)."""
     events = await db.rows("run_history", {"id": run_id})
-    if events and events[0]["data_key"] is not None:
+    data_key = events[0]["data_key"] if events else None
+    if data_key is not None:
         sealer = sealer_for(db.sealer, run_id)
         events = [
-            {**row, "detail": sealer.open_detail(run_id, row["step"], row["detail"])}
+            {**row, "detail": sealer.open_detail(run_id, row["step"], row["detail"], data_key)}
             for row in events
         ]
     return [HistoryEvent.from_row(row) for row in events]

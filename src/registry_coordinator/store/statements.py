@@ -413,12 +413,13 @@ def batch(plans: list[Plan], now: datetime, actor: str, sealer: Sealer | None) -
 
 
 def sealed_outputs(
-    sealer: Sealer | None, run: uuid.UUID, sealed: bool, outputs: dict[str, JSON]
+    sealer: Sealer | None, run: uuid.UUID, data_key: int | None, outputs: dict[str, JSON]
 ) -> dict[str, JSON]:
-    """Steps' ``outputs`` as the run's row holds them: sealed, if its data is."""
-    if not sealed:
+    """Steps' ``outputs`` as the run's row holds them: sealed under its ``data_key``, if
+    its data is."""
+    if data_key is None:
         return outputs
-    custody = sealer_for(sealer, run)
+    custody = sealer_for(sealer, run).under(data_key)
     return {step: custody.seal(run, Purpose.OUTPUT, step, value) for step, value in outputs.items()}
 
 
@@ -427,13 +428,13 @@ def sealed(plan: Plan, sealer: Sealer | None) -> Statement:
     its output, the product's answer it settles and its events' personal fields sealed,
     if the run's data is (a run admitted without custody keeps its values as they are,
     so that its row stays readable)."""
-    statement = plan.statement
-    if not plan.run.sealed:
+    statement, data_key = plan.statement, plan.run.data_key
+    if data_key is None:
         return statement
     run = statement["id"]
-    custody = sealer_for(sealer, run)
+    custody = sealer_for(sealer, run).under(data_key)
     copy = statement.copy()
-    copy["outputs"] = sealed_outputs(sealer, run, True, statement["outputs"])
+    copy["outputs"] = sealed_outputs(sealer, run, data_key, statement["outputs"])
     output = statement["output"]
     if output is not None:
         copy["output"] = Jsonb(custody.seal(run, Purpose.OUTPUT, "", output.obj))

@@ -53,10 +53,14 @@ SELECT artifact FROM definitions WHERE digest = %(digest)s;
 --
 -- The admission row is locked (shared) by the statement that inserts the run: a hold
 -- (which updates that row) and a start serialize, so a start that commits after a hold
--- has seen it. Returns admission as it stood, and the run admitted, if one was, with its
--- status as run_status shows it. (admit_runs does the same for many starts.)
+-- has seen it. A run sealed under its subject's key (%(subject_key)s) is admitted only while
+-- that key is live, shared-locked as erasure locks it (lock_subject_data_key): stale_keys
+-- names it otherwise. Returns admission as it stood, and the run admitted, if one was, with
+-- its status as run_status shows it. (admit_runs does the same for many starts.)
 WITH gate AS MATERIALIZED (
     SELECT held, reason, actor FROM admission FOR SHARE
+), subject AS MATERIALIZED (
+    SELECT id FROM data_keys WHERE id = %(subject_key)s AND erased_at IS NULL FOR KEY SHARE
 ), admitted AS (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
                       data_key, state, step, seq, due_at, admitted_at, deadline_at,
@@ -65,6 +69,7 @@ WITH gate AS MATERIALIZED (
            %(input)s, %(data_key)s, 'running', %(step)s, 1, now(), now(),
            now() + %(deadline)s, now(), %(traceparent)s
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
+      AND (%(subject_key)s::bigint IS NULL OR EXISTS (SELECT FROM subject))
       AND NOT EXISTS (SELECT FROM archived_runs  -- a key is remembered past archiving
                       WHERE caller = %(caller)s AND start_key = %(start_key)s)
     ON CONFLICT (caller, start_key) DO NOTHING  -- runs_by_start_keys then finds the run
@@ -77,6 +82,8 @@ WITH gate AS MATERIALIZED (
     RETURNING run_id, hash, detail ->> 'version' AS version
 )
 SELECT gate.held, gate.reason, gate.actor,
+       ARRAY(SELECT %(subject_key)s::bigint WHERE %(subject_key)s IS NOT NULL
+             EXCEPT SELECT id FROM subject) AS stale_keys,
        (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
        r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
@@ -93,22 +100,28 @@ LEFT JOIN (admitted r JOIN evented e ON e.run_id = r.id) ON true;
 -- As admit_run, for many starts in one statement that locks the admission row (shared).
 -- Inserted in key order: batches sharing keys wait for one another, never deadlock. A
 -- row per run admitted, its status as run_status shows it, with admission as it stood;
--- none admitted, one row of admission alone.
+-- none admitted, one row of admission alone. A start sealed under its subject's key
+-- (subject_keys, NULL for the shared %(data_key)s) is admitted only while that key is live.
 WITH gate AS MATERIALIZED (
     SELECT held, reason, actor FROM admission FOR SHARE
+), subjects AS MATERIALIZED (
+    SELECT id FROM data_keys WHERE id = ANY (%(subject_keys)s::bigint[]) AND erased_at IS NULL
+    ORDER BY id FOR KEY SHARE
 ), admitted AS (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
                       data_key, state, step, seq, due_at, admitted_at, deadline_at,
                       updated_at, traceparent)
     SELECT s.id, s.digest, s.workflow_id, %(caller)s, s.start_key,
-           s.start_digest, s.input, %(data_key)s, 'running', s.step, 1, now(), now(),
-           now() + s.deadline, now(), s.traceparent
+           s.start_digest, s.input, coalesce(s.subject_key, %(data_key)s), 'running', s.step,
+           1, now(), now(), now() + s.deadline, now(), s.traceparent
     FROM unnest(%(ids)s::uuid[], %(digests)s::text[], %(workflow_ids)s::text[],
                 %(start_keys)s::text[], %(start_digests)s::text[], %(inputs)s::jsonb[],
-                %(steps)s::text[], %(deadlines)s::interval[], %(traceparents)s::text[])
+                %(steps)s::text[], %(deadlines)s::interval[], %(traceparents)s::text[],
+                %(subject_keys)s::bigint[])
          AS s (id, digest, workflow_id, start_key, start_digest, input, step, deadline,
-               traceparent)
+               traceparent, subject_key)
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
+      AND (s.subject_key IS NULL OR s.subject_key IN (SELECT id FROM subjects))
       AND NOT EXISTS (SELECT FROM archived_runs a  -- a key is remembered past archiving
                       WHERE a.caller = %(caller)s AND a.start_key = s.start_key)
     ORDER BY s.start_key
@@ -125,6 +138,8 @@ WITH gate AS MATERIALIZED (
     RETURNING run_id, hash, detail ->> 'version' AS version
 )
 SELECT gate.held, gate.reason, gate.actor,
+       ARRAY(SELECT k FROM unnest(%(subject_keys)s::bigint[]) k WHERE k IS NOT NULL
+             EXCEPT SELECT id FROM subjects) AS stale_keys,
        (SELECT pg_notify('coordinator_wake', 'admitted') WHERE EXISTS (SELECT FROM evented))
            AS notified,
        r.start_key, r.id, r.workflow_id, e.version, r.digest, r.caller, r.state, r.step, r.seq,
@@ -1051,9 +1066,87 @@ WHERE a.id > %(after)s AND (%(run)s::uuid IS NULL OR a.id = %(run)s)
 ORDER BY a.id
 LIMIT %(limit)s;
 
--- name: data_keys_held
--- Every data key, wrapped, with the KEK version it is wrapped under (NULL: erased).
-SELECT id, subject IS NULL AS shared, kek, wrapped FROM data_keys ORDER BY id;
+-- name: data_keys_by_version
+-- How many data keys each KEK version wraps, with one of them (the lowest id) to unwrap.
+SELECT DISTINCT ON (kek) id, kek, wrapped, count(*) OVER (PARTITION BY kek) AS count
+FROM data_keys WHERE kek IS NOT NULL ORDER BY kek, id;
+
+-- name: shared_data_key
+-- The installation's shared data key, wrapped.
+SELECT id, kek, wrapped FROM data_keys WHERE subject IS NULL;
+
+-- name: data_keys_by_id
+-- The data keys of these ids, wrapped (kek and wrapped NULL: erased).
+SELECT id, kek, wrapped FROM data_keys WHERE id = ANY (%(ids)s::bigint[]);
+
+-- name: data_keys_erased
+-- Which of these data keys were erased.
+SELECT id FROM data_keys WHERE id = ANY (%(ids)s::bigint[]) AND erased_at IS NOT NULL;
+
+-- name: data_keys_counted
+-- How many data keys are under KEK %(kek)s, erased, and under another version.
+SELECT count(*) FILTER (WHERE kek = %(kek)s) AS already,
+       count(*) FILTER (WHERE kek IS NULL) AS erased,
+       count(*) FILTER (WHERE kek <> %(kek)s) AS due
+FROM data_keys;
+
+-- name: data_keys_to_rewrap
+-- A page of data keys, in id order after %(after)s, wrapped under another version than %(kek)s.
+SELECT id, kek, wrapped FROM data_keys
+WHERE id > %(after)s AND kek <> %(kek)s ORDER BY id LIMIT 200;
+
+-- name: subject_data_key
+-- The live data key of a subject (by its keyed hash), wrapped.
+SELECT id, kek, wrapped FROM data_keys WHERE subject = %(subject)s AND erased_at IS NULL;
+
+-- name: make_subject_data_key
+-- A subject's data key, unless another start made its live one first.
+INSERT INTO data_keys (id, subject, kek, wrapped)
+VALUES (%(id)s, %(subject)s, %(kek)s, %(wrapped)s)
+ON CONFLICT (subject) WHERE erased_at IS NULL DO NOTHING;
+
+-- name: lock_subject_data_key
+-- A subject's live data key, locked against the starts that would seal under it.
+--
+-- FOR UPDATE conflicts with the key share each start takes on it (admit_run's keyed CTE),
+-- so a start waits for the erasure, then finds the key erased and makes a new one.
+SELECT id FROM data_keys WHERE subject = %(subject)s AND erased_at IS NULL FOR UPDATE;
+
+-- name: live_runs_of_data_key
+-- A few of the runs sealed under a data key that have not ended.
+SELECT id FROM runs WHERE data_key = %(key)s AND ended_at IS NULL ORDER BY admitted_at LIMIT 5;
+
+-- name: erase_data_key
+-- A subject's data key destroyed, keeping who, when and why; every process is told.
+--
+-- Every value sealed under it, in the database and in bundles, is unreadable for good.
+WITH erased AS (
+    UPDATE data_keys
+    SET kek = NULL, wrapped = NULL, erased_at = now(), erased_by = %(actor)s,
+        erase_reason = %(reason)s
+    WHERE id = %(key)s AND erased_at IS NULL
+    RETURNING id, erased_at
+)
+SELECT e.id, e.erased_at, pg_notify('coordinator_wake', 'erased:' || e.id) AS notified,
+       (SELECT count(*) FROM runs WHERE data_key = e.id)
+       + (SELECT count(*) FROM archived_runs WHERE data_key = e.id) AS runs
+FROM erased e;
+
+-- name: subject_erasures
+-- A subject's erased data keys, newest first: when, by whom and why (sealed).
+SELECT id, erased_at, erased_by, erase_reason FROM data_keys
+WHERE subject = %(subject)s AND erased_at IS NOT NULL ORDER BY erased_at DESC;
+
+-- name: erased_events
+-- Each erased data key: who erased it, when and why, and how many runs and events it sealed.
+--
+-- Events are counted in the histories still in the database; runs archived too.
+SELECT k.id, k.erased_at, k.erased_by, k.erase_reason,
+       (SELECT count(*) FROM runs r JOIN run_events e ON e.run_id = r.id
+        WHERE r.data_key = k.id) AS events,
+       (SELECT count(*) FROM runs WHERE data_key = k.id)
+       + (SELECT count(*) FROM archived_runs WHERE data_key = k.id) AS runs
+FROM data_keys k WHERE k.erased_at IS NOT NULL ORDER BY k.erased_at, k.id;
 
 -- name: make_shared_data_key
 -- The installation's shared data key, unless another process made it first.

@@ -1,0 +1,59 @@
+"""Data subjects (docs/custody.md): ``POST /v1/erasures`` destroys one subject's data key,
+for operators only, with a reason.
+
+The subject's id comes in the body, never in a path or a query: an access log, a proxy's
+log or a trace holds paths, and an id may be a national one. The log line and the answer
+name the data key and how many runs it sealed, never the subject.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response
+
+from registry_coordinator.http.context import Context
+from registry_coordinator.http.operations import require_reason
+from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.requests import authenticated, body_json, instant, json_response
+from registry_coordinator.store import keys
+
+log = logging.getLogger(__name__)
+#: The longest subject id taken: ids are short; a long one is a mistake, refused whole.
+MAX_SUBJECT = 1024
+
+
+async def erase(context: Context) -> Response:
+    """Erase ``{"subject": ID, "reason": …}``: 200 with the key, when, by whom and how
+    many runs it sealed (``before``: it was erased already, and nothing changed); 409
+    ``subject.live`` naming runs not ended; 404 ``subject.unknown``."""
+    who = await authenticated(context)
+    who.require_operator()
+    body = await body_json()
+    subject = body.get("subject") if isinstance(body, dict) else None
+    if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT:
+        raise Problem(
+            400,
+            "request.invalid",
+            f'give the subject: {{"subject": "...", "reason": "..."}}, 1 to {MAX_SUBJECT} '
+            "characters, as the workflow's subject gives it",
+        )
+    reason = require_reason(body)
+    try:
+        erased = await keys.erase(context.db, subject, who.actor, reason)
+    except keys.SubjectUnknown as exc:
+        raise Problem(404, "subject.unknown", str(exc)) from None
+    except keys.SubjectLive as exc:
+        raise Problem(409, "subject.live", str(exc), runs=[str(r) for r in exc.runs]) from None
+    if not erased.before:
+        words = "data key %s erased by %s: %d runs were sealed under it"
+        log.info(words, erased.key, who.actor, erased.runs)
+    return json_response(
+        {
+            "key": erased.key,
+            "erasedAt": instant(erased.at),
+            "erasedBy": erased.actor,
+            "runs": erased.runs,
+            "before": erased.before,
+        }
+    )

@@ -1,0 +1,182 @@
+"""One data subject's personal data erased, tried as an operator and an auditor would: a
+workflow that names its subject seals each subject's runs under that subject's own data
+key; ``coordinator erase`` destroys the key, so that what those runs read and kept opens
+for nobody — not the API, not the tests' own key-encryption key — while another
+subject's runs read as before, the history keeps every event and its chain, and
+``audit verify`` passes and says what was erased, when, by whom and why. An erasure is
+refused while a run of the subject is live, until it is cancelled; asked again, it says
+it was done; a subject never seen is refused; a new start for an erased subject gets a
+new key, also one that raced the erasure. No subject id reaches the service's log.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.database import QUERIES, sync_connection
+from tests.support import (
+    ADMISSION_WAITING,
+    Service,
+    Services,
+    coordinator,
+    run_state,
+    wait_for,
+    wait_state,
+)
+from tests.support.rows import sealer_of
+
+RECORDS: dict[str, tuple[str, dict[str, str]]] = {"records": ("breg", {})}
+PAST, LATER = "2020-01-01T00:00:00Z", "2099-01-01T00:00:00Z"
+
+
+def _email(record: str) -> str:
+    """The e-mail address stand-in BReg's record ``record`` holds."""
+    return f"applicant+{record[:8]}@example.org"
+
+
+def _start(service: Service, applicant: str, until: str = PAST) -> tuple[str, str]:
+    record = str(uuid.uuid4())
+    given = {"recordId": record, "applicantId": applicant, "until": until}
+    return service.start_run("subject-lookup", given), record
+
+
+def _erase(service: Service, subject: str, reason: str) -> tuple[int, dict[str, Any]]:
+    answer = service.http.post("/v1/erasures", json={"subject": subject, "reason": reason})
+    return answer.status_code, answer.json()
+
+
+def _history(service: Service, run: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = service.http.get(f"/v1/runs/{run}/history").json()["events"]
+    return events
+
+
+def _data_key(dsn: str, run: str) -> int:
+    with sync_connection(dsn) as conn:
+        row = conn.execute("SELECT data_key FROM runs WHERE id = %s", (run,)).fetchone()
+    assert row is not None
+    key: int = row["data_key"]
+    return key
+
+
+def test_an_erased_subjects_data_opens_for_nobody_and_the_history_still_verifies(
+    dsn: str, services: Services
+) -> None:
+    service, _ = services.deploy(["subject-lookup"], RECORDS)
+    erased, kept = f"applicant-{uuid.uuid4()}", f"applicant-{uuid.uuid4()}"
+    theirs = [_start(service, erased) for _ in range(2)]
+    other, other_record = _start(service, kept)
+    for run, _ in [*theirs, (other, other_record)]:
+        wait_state(dsn, run, RunState.FINISHED)
+    keys = {_data_key(dsn, run) for run, _ in theirs}
+    assert len(keys) == 1 and _data_key(dsn, other) not in keys  # a key of the subject's own
+    [key] = keys
+    kinds = {}
+    for run, record in theirs:
+        assert service.status(run)["output"] == {"email": _email(record)}
+        kinds[run] = [
+            e["kind"] for e in service.http.get(f"/v1/runs/{run}/history").json()["events"]
+        ]
+
+    status, answer = _erase(service, erased, "subject-access request 42: erase on request")
+    assert status == 200, answer
+    assert answer["key"] == key and answer["runs"] == 2 and answer["before"] is False
+
+    for run, _ in theirs:
+        assert service.status(run)["output"] is None  # to the API: gone
+        opened = run_state(dsn, run)  # to the tests' own key-encryption key: gone too
+        assert opened["input"] is None and opened["output"] is None
+        events = _history(service, run)
+        assert [e["kind"] for e in events] == kinds[run]  # every event is kept
+        dispatched = [e for e in events if e["kind"] == "call-dispatched"]
+        assert dispatched and all(e["detail"]["url"] is None for e in dispatched)
+    assert service.status(other)["output"] == {"email": _email(other_record)}
+    with sync_connection(dsn) as conn:
+        row = conn.execute(
+            "SELECT kek, wrapped, erased_by FROM data_keys WHERE id = %s", (key,)
+        ).fetchone()
+    assert row is not None and row["kek"] is None and row["wrapped"] is None
+    assert row["erased_by"]  # who, in clear; the reason sealed
+
+    verified = coordinator("audit", "verify", "--config", service.config)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    [said] = [line for line in verified.stdout.splitlines() if line.startswith("data key")]
+    assert f"data key {key} was erased at " in said
+    assert "subject-access request 42" in said and "2 runs" in said and "events" in said
+
+    status, again = _erase(service, erased, "asked twice")
+    assert status == 200 and again["before"] is True and again["key"] == key
+    status, unknown = _erase(service, f"applicant-{uuid.uuid4()}", "a typo")
+    assert status == 404 and unknown["code"] == "subject.unknown"
+
+    anew, record = _start(service, erased)  # the person applies again: a new key
+    wait_state(dsn, anew, RunState.FINISHED)
+    assert _data_key(dsn, anew) != key
+    assert service.status(anew)["output"] == {"email": _email(record)}
+
+    log = service.log.read_text()
+    assert erased not in log and kept not in log
+
+
+def test_an_erasure_waits_for_the_subjects_live_runs_to_be_cancelled(
+    dsn: str, services: Services
+) -> None:
+    service, _ = services.deploy(["subject-lookup"], RECORDS)
+    subject = f"applicant-{uuid.uuid4()}"
+    ended, _ = _start(service, subject)
+    live, _ = _start(service, subject, until=LATER)
+    wait_state(dsn, ended, RunState.FINISHED)
+    wait_state(dsn, live, RunState.WAITING)
+
+    status, refused = _erase(service, subject, "on request")
+    assert status == 409 and refused["code"] == "subject.live"
+    assert refused["runs"] == [live] and "cancel them first" in refused["detail"]
+    assert service.status(ended)["output"] is not None  # nothing changed
+
+    cancelled = service.http.post(f"/v1/runs/{live}/cancel", json={"reason": "to erase"})
+    assert cancelled.status_code == 200, cancelled.text
+    wait_state(dsn, live, RunState.CANCELLED)
+    erased = coordinator(
+        "erase", "--url", service.url, "--subject", subject, "--reason", "on request"
+    )
+    assert erased.returncode == 0, erased.stderr
+    assert "erased the subject's data key" in erased.stdout and "2 runs" in erased.stdout
+    assert service.status(ended)["output"] is None
+
+
+def test_a_start_racing_its_subjects_erasure_is_sealed_under_a_new_key(
+    dsn: str, services: Services
+) -> None:
+    """The erasure's own transaction, held open by the test with the key locked and
+    erased: a start for the subject meanwhile waits on the key, then finds it erased and
+    is sealed under a new one. Without the start's share of the key's lock, the run is
+    sealed under the erased key, and nothing of it opens: it is held data-unopenable."""
+    service, _ = services.deploy(["subject-lookup"], RECORDS)
+    subject = f"applicant-{uuid.uuid4()}"
+    first, _ = _start(service, subject)
+    wait_state(dsn, first, RunState.FINISHED)
+    key = _data_key(dsn, first)
+    sealer = sealer_of(dsn)
+    assert sealer is not None
+    started: list[tuple[str, str]] = []
+    with sync_connection(dsn) as conn:
+        conn.execute("BEGIN")
+        locked = conn.execute(
+            QUERIES["lock_subject_data_key"], {"subject": sealer.subject_hash(subject)}
+        ).fetchone()
+        assert locked is not None and locked["id"] == key
+        args = {"key": key, "actor": "operator:test", "reason": Jsonb("raced")}
+        assert conn.execute(QUERIES["erase_data_key"], args).fetchone() is not None
+        racing = threading.Thread(target=lambda: started.append(_start(service, subject)))
+        racing.start()
+        wait_for(dsn, ADMISSION_WAITING, 1)  # the start waits on the key's lock
+        conn.execute("COMMIT")
+    racing.join(30)
+    [(run, record)] = started
+    wait_state(dsn, run, RunState.FINISHED)  # not held: its data opens
+    assert _data_key(dsn, run) not in (key, None)
+    assert service.status(run)["output"] == {"email": _email(record)}
