@@ -47,6 +47,7 @@ from registry_coordinator.semantics.steps import (
     Transition,
     bind,
     detail,
+    said_of,
 )
 
 #: Sends one read of the preparation with the call's token and pool slot.
@@ -147,14 +148,14 @@ class Preparer:
         if reply.kind is not ReplyKind.RESPONSE or reply.status is None:
             return Retry(self.retry_at, detail(f"{what} could not be read: {reply.detail}"))
         status = reply.status
-        said = reply.body[:300].decode("utf-8", errors="replace")
+        said = said_of(status, reply.body)
         if status in (408, 429) or status >= 500:
             return Retry(self.retry_at, detail(f"{what} could not be read: {status}"))
         if status in (401, 403):
-            return Held(HoldCode.PRODUCT_FORBIDDEN, detail(f"{what}: {status}: {said}"))
+            return Held(HoldCode.PRODUCT_FORBIDDEN, detail(f"{what}: {said}"))
         if status != 200:
             code = missing if status == 404 else FailureCode.PRODUCT_REFUSED
-            return Failed(code, detail(f"{what} answered {status}: {said}"))
+            return Failed(code, detail(f"{what} answered {said}"))
         try:
             return _Read(strict_json(reply.body))
         except UnusableJson as exc:

@@ -87,7 +87,7 @@ class HoldCode(StrEnum):
     """A mutation was answered 2xx with a body that breaks the operation's schema or
     cannot be stored (not JSON, NaN, a NUL character, nested too deep): it probably
     took effect, but its result cannot be used. The body is kept on the call's
-    execution, and the detail shows how it began."""
+    execution (sealed), and the detail says why it cannot be used, never what it said."""
     RECEIPT_EXPIRED = "receipt-expired"
     """A resend of a mutation under its original key was answered that the key was spent
     on an original that took effect and that the product's record of its answer has

@@ -582,8 +582,9 @@ def settle(
         return Retry(
             now + wait if wait else retry_at, f"{status}: the product asked to retry later"
         )
-    if status in (401, 403):
-        return Held(HoldCode.PRODUCT_FORBIDDEN, _status_detail(status, reply.body))
+    if status in (401, 403):  # Coordinator's own words, when its identity was refused
+        said = detail(f"{status}: {reply.detail}") if reply.detail else None
+        return Held(HoldCode.PRODUCT_FORBIDDEN, said or _status_detail(status, reply.body))
     if status in operation.refusals:
         return Failed(FailureCode.PRODUCT_REFUSED, _status_detail(status, reply.body))
     # Any other answer (408, 423, 425, another 4xx, a 5xx) does not say the product
@@ -598,7 +599,7 @@ def _succeeded(definition: Definition, step: Call, reply: Reply, unknown: _Unkno
     try:
         body = strict_json(reply.body)
     except UnusableJson as exc:
-        problems = [f"{exc}; the body began: {_excerpt(reply.body)}"]
+        problems = [f"{exc} (the body is {len(reply.body)} bytes)"]
     else:
         problems = definition.schema_errors(operation.response_schema, body)
     if not problems:
@@ -756,15 +757,28 @@ def problem_code(body: bytes) -> str | None:
 
 
 def _status_detail(status: int, body: bytes, meaning: str = "") -> str:
-    text = body.decode("utf-8", errors="replace").strip()
-    said = f"{status}: {text}" if text else str(status)
+    said = said_of(status, body)
     return detail(f"{meaning}: {said}" if meaning else said)
 
 
-def _excerpt(body: bytes, size: int = 120) -> str:
-    """The start of a product's body, as evidence in a detail (escaped by :func:`detail`)."""
-    text = body[:size].decode("utf-8", errors="replace")
-    return text + ("…" if len(body) > size else "") if text else "(empty)"
+#: The longest problem title a detail repeats; a longer one is a product's own words.
+MAX_TITLE = 80
+
+
+def said_of(status: int, body: bytes) -> str:
+    """What a detail says of a product's answer: its status and, for a problem document,
+    its ``code`` and ``title`` (a problem type's fixed words) — never the instance's words
+    (``detail``, its fields) nor a body's text, which may name the person the request was
+    about: a detail is kept in clear. The whole answer is in the run's sealed sending."""
+    try:
+        document = strict_json(body)
+    except UnusableJson:
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("code"), str):
+        title = document.get("title")
+        named = f" ({title})" if isinstance(title, str) and len(title) <= MAX_TITLE else ""
+        return f"{status} {document['code']}{named}"
+    return f"{status}, {len(body)} bytes" if body else f"{status}, no body"
 
 
 #: C0 control characters (and DEL) shown escaped in details, but for tab and newline.
