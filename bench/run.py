@@ -24,6 +24,7 @@ service with these benchmarks (its workflow format must be this one's).
   peer        runs started through the API beside DBOS Transact 3.4 and the bare HTTP calls
               (needs the `bench` extra: pip install -e '.[bench]')
   custody     runs started through the API with their data sealed, and in clear
+  erasure     the time to erase one data subject whose key sealed --runs ended runs
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from bench.support import (  # noqa: E402
     write_config,
 )
 from bench.versus import custody as sealing  # noqa: E402
+from bench.versus import erasure  # noqa: E402
 from bench.versus import peer as side_by_side  # noqa: E402
 
 from registry_coordinator.config import load_config  # noqa: E402
@@ -843,6 +845,7 @@ BENCHMARKS: dict[str, Callable[[Cluster, Path, argparse.Namespace], None]] = {
     "archiving": lambda c, d, a: archiving(c, d, a.runs, a.rounds, a.ended),
     "peer": peer,
     "custody": lambda c, d, a: sealing(c, d, a.runs, a.rounds, a.callers),
+    "erasure": lambda c, d, a: erasure(c, d, a.runs, a.rounds),
     "client": lambda c, d, a: database_clients(c.create_database(), a.statements, a.rounds),
 }
 

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 import psutil
 from bench.product import Product, bare_pairs
 from bench.profile import Profile, summary
@@ -481,6 +482,15 @@ def _table(sides: dict[str, list[Round]]) -> None:
     )
 
 
+def _kek(directory: Path) -> Path:
+    """A new key-encryption key in ``directory``, for ``custody.keys``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    kek = directory / "kek-1"
+    kek.write_text(os.urandom(32).hex() + "\n")
+    kek.chmod(0o600)
+    return kek
+
+
 def custody(cluster: Cluster, directory: Path, runs: int, rounds: int, callers: int) -> None:
     """Coordinator with its runs' data sealed (custody configured) against the same in
     clear, runs of bench-four against stand-in BReg started one ``POST /v1/runs`` each by
@@ -490,10 +500,7 @@ def custody(cluster: Cluster, directory: Path, runs: int, rounds: int, callers: 
         f"sealed and in clear, medians of {rounds} interleaved rounds; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    kek = directory / "kek-1"
-    kek.write_text(os.urandom(32).hex() + "\n")
-    kek.chmod(0o600)
+    kek = _kek(directory)
     sealed = {"custody": {"keys": {"1": f"file:{kek}"}, "active": 1}}
     sides: dict[str, list[Round]] = {"in clear": [], "sealed": []}
     for round_ in range(rounds):
@@ -542,3 +549,53 @@ def _custody_round(
     if row["acted"] != runs or row["sealed"] != (runs if extra else 0):
         raise SystemExit(f"benchmark: {row['acted']} of {runs} runs acted, {row['sealed']} sealed")
     return Round(runs, row["ended"] - began, cpu, {})
+
+
+def erasure(cluster: Cluster, directory: Path, runs: int, rounds: int) -> None:
+    """How long erasing one data subject takes when ``runs`` ended runs were sealed under
+    its key, among as many runs of other subjects: ``rounds`` subjects, each erased by one
+    ``POST /v1/erasures`` (the service's answer, timed by the client)."""
+    print(
+        f"erasure: {rounds} subjects with {runs} ended runs each of subject-lookup (stand-in "
+        f"BReg), among {runs} runs of other subjects; load average {os.getloadavg()[0]:.2f}"
+    )
+    kek = _kek(directory)
+    breg = free_port()
+    connections = {"records": connection("breg", breg, poolSize=8)}
+    extra = {"custody": {"keys": {"1": f"file:{kek}"}, "active": 1}}
+    with (
+        stand_ins(directory / "standins.log", {"breg": breg}),
+        service(
+            cluster, directory, ["subject-lookup"], workers=4, connections=connections, extra=extra
+        ) as (running, dsn),
+        httpx.Client(base_url=running.url, timeout=120) as http,
+    ):
+        wait_ready(running)
+        subjects = [f"bench-subject-{n}" for n in range(rounds)]
+        others = [f"bench-other-{n}" for n in range(runs)]
+        for subject in [*subjects, None]:
+            starts = [
+                {
+                    "key": uuid.uuid4().hex,
+                    "workflow": "subject-lookup",
+                    "input": {
+                        "recordId": str(uuid.uuid4()),
+                        "applicantId": subject or others[n],
+                        "until": "2020-01-01T00:00:00Z",
+                    },
+                }
+                for n in range(runs)
+            ]
+            for at in range(0, runs, 100):
+                answer = http.post("/v1/runs:batch", json={"starts": starts[at : at + 100]})
+                answer.raise_for_status()
+        wait_ended(dsn, runs * (rounds + 1), 900)
+        took = []
+        for subject in subjects:
+            began = time.perf_counter()
+            answer = http.post("/v1/erasures", json={"subject": subject, "reason": "bench"})
+            took.append(time.perf_counter() - began)
+            if answer.status_code != 200 or answer.json()["runs"] != runs:
+                raise SystemExit(f"benchmark: the erasure answered {answer.text}")
+            print(f"  {subject}: {runs} runs erased in {took[-1] * 1000:.1f} ms", flush=True)
+    print(f"  median {statistics.median(took) * 1000:.1f} ms to erase a subject of {runs} runs")

@@ -222,6 +222,7 @@ async def _supervise(
     issuer = Issuer(config.auth, config.console, client)
     context = Context(db, workflows, timer, products, listener, auth, after, issuer, mark)
     context.recovery = recovery
+    context.signing_key = config.audit.signing_key
     app = create_app(context, config.request_body_limit, without=ADMIN if config.admin else ())
     systemd = Notifier()
     systemd.status("starting")

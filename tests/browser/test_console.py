@@ -137,6 +137,7 @@ PAGES = {
     "held-work-phone": "/console/",
     "workflows": "/console/workflows",
     "admission": "/console/admission",
+    "erasure": "/console/erasures",
     "health": "/console/health",
 }
 

@@ -11,20 +11,25 @@ new key, also one that raced the erasure. No subject id reaches the service's lo
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from typing import Any
 
+import pytest
 from psycopg.types.json import Jsonb
 
+from registry_coordinator.custody import CustodyCode, Unopenable
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import QUERIES, sync_connection
 from tests.support import (
     ADMISSION_WAITING,
+    Forms,
     Service,
     Services,
     coordinator,
     run_state,
+    signing,
     wait_for,
     wait_state,
 )
@@ -180,3 +185,63 @@ def test_a_start_racing_its_subjects_erasure_is_sealed_under_a_new_key(
     wait_state(dsn, run, RunState.FINISHED)  # not held: its data opens
     assert _data_key(dsn, run) not in (key, None)
     assert service.status(run)["output"] == {"email": _email(record)}
+
+
+def test_an_archived_runs_bundle_still_verifies_and_holds_nothing_that_opens(
+    dsn: str, services: Services
+) -> None:
+    """A bundle holds its run's events as stored, sealed fields as ciphertext: after the
+    subject's erasure it verifies offline as before, and nothing sealed in it opens."""
+    keys, archive = services.directory / "keys", services.directory / "archive"
+    retention = {"archiveAfter": "PT1S", "directory": str(archive), "every": "PT1S"}
+    service, _ = services.deploy(
+        ["subject-lookup"], RECORDS, extra={**signing(keys), "retention": retention}
+    )
+    subject = f"applicant-{uuid.uuid4()}"
+    run, record = _start(service, subject)
+    wait_for(dsn, "SELECT count(*) FROM archived_runs WHERE id = %s", 1, params=(run,))
+    status, answer = _erase(service, subject, "on request")
+    assert status == 200 and answer["runs"] == 1, answer  # archived runs count too
+
+    [bundle] = archive.rglob(f"{run}.bundle.json")
+    held = bundle.read_bytes()
+    assert record.encode() not in held and _email(record).encode() not in held
+    public = keys / "audit-key.pub"
+    checked = coordinator("audit", "verify", "--bundle", bundle, "--public-key", public)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    sealer = sealer_of(dsn)
+    assert sealer is not None
+    events = json.loads(held)["events"]
+    [sent] = [e for e in events if e["type"] == "call-dispatched"]
+    with pytest.raises(Unopenable) as refused:
+        sealer.open_field(run, sent["step"], "url", sent["detail"]["url"])
+    assert refused.value.code is CustodyCode.ERASED
+
+
+def test_an_operator_erases_a_subject_from_the_console(dsn: str, services: Services) -> None:
+    """Asked, confirmed, taken, as the API takes it; a refusal is shown on the form, and
+    the subject never goes into a URL."""
+    service, _ = services.deploy(["subject-lookup"], RECORDS)
+    subject = f"applicant-{uuid.uuid4()}"
+    live, _ = _start(service, subject, until=LATER)
+    wait_state(dsn, live, RunState.WAITING)
+    origin = {"Origin": service.url}
+
+    asked = service.http.get("/console/erasures")
+    assert asked.status_code == 200 and 'href="/console/erasures"' in asked.text
+    form = Forms(asked.text).by_button("Review…")
+    fields = {**form.fields, "subject": subject, "reason": "erasure request 7"}
+    review = service.http.post(form.action, data=fields, headers=origin)
+    assert review.status_code == 200 and subject in review.text
+    confirm = Forms(review.text).by_button("Erase the subject's data now")
+    refused = service.http.post(confirm.action, data=dict(confirm.fields), headers=origin)
+    assert refused.status_code == 409 and "cancel them first" in refused.text
+    assert "subject.live" in refused.text
+
+    service.http.post(f"/v1/runs/{live}/cancel", json={"reason": "to erase"})
+    wait_state(dsn, live, RunState.CANCELLED)
+    taken = service.http.post(confirm.action, data=dict(confirm.fields), headers=origin)
+    assert taken.status_code == 200, taken.text
+    assert "Erased: the subject's data key" in taken.text and "1 runs" in taken.text
+    assert all(subject not in str(r.url) for r in (asked, review, refused, taken))
+    assert service.status(live)["output"] is None and run_state(dsn, live)["input"] is None

@@ -57,6 +57,12 @@ def add_commands(commands: Commands) -> None:
         "--bundle", type=Path, metavar="FILE", help="check this bundle offline (no --config)"
     )
     verify.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE",
+        help="check this subject report offline (coordinator subject report; no --config)",
+    )
+    verify.add_argument(
         "--public-key",
         type=Path,
         metavar="FILE",
@@ -83,9 +89,42 @@ def add_commands(commands: Commands) -> None:
         actions, "keygen", "make an Ed25519 signing key for audit.signingKey; print its public key"
     )
 
+    subject = commands.add_parser("subject", help="what the service holds and did for a person")
+    asked = subject.add_subparsers(dest="subject", required=True, metavar="ACTION")
+    report = asked.add_parser(
+        "report", help="every run and effect of one data subject, as a signed extract"
+    )
+    report.add_argument("--config", type=Path, required=True, metavar="FILE")
+    report.add_argument("--subject", required=True, help="the id the workflow's subject gives")
+    report.add_argument("--out", type=Path, required=True, metavar="FILE")
+
 
 def handlers() -> dict[str, Handler]:
-    return {"audit": _audit}
+    return {"audit": _audit, "subject": _subject_report}
+
+
+def _subject_report(args: argparse.Namespace) -> int:
+    """The subject's report, signed with the audit key, written to ``--out``: what its
+    runs held (null where erased), every request they sent and what came back."""
+    from datetime import UTC, datetime
+
+    from registry_coordinator.audit import subjects
+    from registry_coordinator.config import load_config
+
+    config = load_config(args.config)
+    key = _audit_key(config, "subject report")
+    written: list[bytes] = []
+
+    async def work(db: Database) -> None:
+        written.append(await subjects.extract(db, args.subject, datetime.now(UTC), key))
+
+    _audit_database(config, work)
+    _write_atomically(args.out, written[0])
+    print(
+        f"wrote the subject's report to {args.out} ({len(written[0])} bytes), signed with the "
+        "audit key: check it offline with coordinator audit verify --report FILE --public-key KEY"
+    )
+    return ExitCode.OK
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -141,26 +180,61 @@ def _public_key_file(path: Path) -> Ed25519PublicKey:
 def _audit_verify(args: argparse.Namespace) -> int:
     """One line for each history or checkpoint that does not hold (exit 1), or the
     counts of what was checked (exit 0); with ``--bundle``, what the bundle proves."""
+    if args.bundle is not None and args.report is not None:
+        raise _AuditUsage("audit verify checks a --bundle or a --report: give one")
     if args.bundle is not None:
         return _verify_bundle(args)
+    if args.report is not None:
+        return _verify_report(args)
     return _verify_database(args)
+
+
+def _offline_key(args: argparse.Namespace, what: str) -> Ed25519PublicKey:
+    """The public key an offline check of ``what`` (``bundle``, ``report``) is against."""
+    if args.config or args.run or args.since or args.checkpoint:
+        raise _AuditUsage(
+            f"audit verify --{what} checks the {what} alone: give no --config, "
+            "--run, --since or --checkpoint"
+        )
+    if args.public_key is None:
+        raise _AuditUsage(
+            f"audit verify --{what} needs --public-key FILE, the key that signed it "
+            "(coordinator audit public-key prints it)"
+        )
+    return _public_key_file(args.public_key)
+
+
+def _verify_report(args: argparse.Namespace) -> int:
+    """What a subject report holds, checked offline against the public key given."""
+    from registry_coordinator.semantics import reports
+    from registry_coordinator.semantics.bundles import Refused
+
+    key = _offline_key(args, "report")
+    try:
+        data = args.report.read_bytes()
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read the report {args.report}: {exc.strerror}") from None
+    try:
+        report = reports.check(data, key)
+    except Refused as exc:
+        print(f"report {args.report}: {exc}")
+        print(f"the report {args.report} does not hold", file=sys.stderr)
+        return ExitCode.INVALID
+    assert isinstance(report, dict)
+    runs, archived = report.get("runs"), report.get("archived")
+    print(
+        f"report of {report.get('at')}: signed by the key given; "
+        f"{len(runs) if isinstance(runs, list) else 0} runs in the database, "
+        f"{len(archived) if isinstance(archived, list) else 0} archived"
+    )
+    return ExitCode.OK
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
     """What one bundle proves, checked offline against the public key given."""
     from registry_coordinator.semantics import bundles
 
-    if args.config or args.run or args.since or args.checkpoint:
-        raise _AuditUsage(
-            "audit verify --bundle checks the bundle alone: give no --config, "
-            "--run, --since or --checkpoint"
-        )
-    if args.public_key is None:
-        raise _AuditUsage(
-            "audit verify --bundle needs --public-key FILE, the key that "
-            "signed its checkpoint (coordinator audit public-key prints it)"
-        )
-    key = _public_key_file(args.public_key)
+    key = _offline_key(args, "bundle")
     try:
         data = args.bundle.read_bytes()
     except OSError as exc:

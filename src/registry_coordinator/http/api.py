@@ -59,6 +59,7 @@ ROUTES = (
     route("/v1/admission/release", post=admission.release),
     route("/v1/workflows", get=admission.pinned),
     route("/v1/erasures", post=subjects.erase),
+    route("/v1/subject-reports", post=subjects.report),
     route("/v1/results/<connection>", post=deliveries.deliver),
     route("/health", get=probes.health),
     route("/ready", get=probes.ready),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.calls import Product
@@ -39,6 +40,8 @@ class Context:
     stopping: trio.Event = field(default_factory=trio.Event)  # set when shutdown begins
     #: Why this process serves operators only (no run admitted, nothing dispatched), or None.
     recovery: str | None = None
+    #: The audit key subject reports are signed with (None: none is configured).
+    signing_key: Ed25519PrivateKey | None = None
 
     @property
     def metrics(self) -> Metrics:

@@ -48,6 +48,7 @@ CODES: dict[str, str] = {
     "input.no-subject": "the input gives the workflow's subject no id",
     "subject.unknown": "no run was sealed under a key of that data subject",
     "subject.live": "the data subject has runs that have not ended: cancel them first",
+    "subject.report-unsigned": "a subject report asked of a service with no audit signing key",
     "admission.held": "new starts are held by an operator",
     "run.binding-changed": "a resend of a request sealed under a binding its connection "
     "no longer has, without saying which to send it over",

@@ -19,7 +19,7 @@ from quart import Response
 
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.http import admission, operations, runs
+from registry_coordinator.http import admission, operations, runs, subjects
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.pages import Sent, page
 from registry_coordinator.http.console.render import redirect
@@ -28,7 +28,7 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import HoldCode
-from registry_coordinator.store import console_reads
+from registry_coordinator.store import console_reads, keys
 
 _ADMISSION = {"hold": True, "release": False}
 
@@ -214,3 +214,51 @@ async def admission_take(context: Context, change: str) -> Response:
             raise
         return await _admission_form(context, who, change, "ask", form.get("reason", ""), refused)
     return redirect("/console/admission?" + urlencode({"done": change}))
+
+
+async def _erasure_form(
+    context: Context,
+    who: Visitor,
+    stage: str,
+    form: dict[str, str],
+    refused: Problem | None = None,
+    erased: keys.Erasure | None = None,
+) -> Response:
+    return await page(
+        context,
+        who,
+        "erasure.html",
+        refused.status if refused else 200,
+        stage=stage,
+        subject=form.get("subject", ""),
+        reason=form.get("reason", ""),
+        refused=refused,
+        erased=erased,
+    )
+
+
+async def erasure_review(context: Context) -> Response:
+    """The erasure as asked, to confirm; or the form again with why it was refused."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    who.caller.require_operator()
+    try:
+        subjects.asked_subject(form)
+        require_reason(form)
+    except Problem as refused:
+        return await _erasure_form(context, who, "ask", form, refused=refused)
+    return await _erasure_form(context, who, "confirm", form)
+
+
+async def erasure_take(context: Context) -> Response:
+    """The erasure, taken as the API takes it: what was done, on this answer's page (the
+    subject never goes into a URL to redirect to)."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    try:
+        erased = await subjects.erase_subject(context, who.caller, dict(form))
+    except Problem as refused:
+        if refused.status in (401, 403):
+            raise
+        return await _erasure_form(context, who, "ask", form, refused=refused)
+    return await _erasure_form(context, who, "done", {}, erased=erased)

@@ -1,4 +1,4 @@
-"""The console's pages: held work, runs, a run, workflows, admission and health.
+"""The console's pages: held work, runs, a run, workflows, admission, erasure and health.
 
 Each is a top-level handler of the shared :class:`Context`, as the API's are, and sees
 exactly what the visitor's token lets the API show: an operator every run, a client only
@@ -312,6 +312,15 @@ async def admission_page(context: Context) -> Response:
     events = await console_reads.admission_events(context.db) if who.caller.operator else []
     done = request.args.get("done")
     return await page(context, who, "admission.html", admission=state, events=events, done=done)
+
+
+async def erasure_page(context: Context) -> Response:
+    """The form that erases a data subject: operators only."""
+    who = await visitor(context)
+    who.caller.require_operator()
+    return await page(
+        context, who, "erasure.html", stage="ask", subject="", reason="", refused=None, erased=None
+    )
 
 
 def _families(metrics: list[Metric]) -> list[dict[str, object]]:

@@ -46,6 +46,8 @@ ROUTES = (
     route("/console/admission", get=pages.admission_page),
     route("/console/admission/<change>", post=actions.admission_take),
     route("/console/admission/<change>/review", post=actions.admission_review),
+    route("/console/erasures", get=pages.erasure_page, post=actions.erasure_take),
+    route("/console/erasures/review", post=actions.erasure_review),
     route("/console/health", get=pages.health_page),
     route("/console/sign-in", get=signin.sign_in),
     route("/console/callback", get=signin.callback),

@@ -1020,10 +1020,10 @@ SELECT hold_new_runs();
 -- Record runs as archived to their verified bundles, if they are still as exported.
 INSERT INTO archived_runs (id, digest, workflow_id, caller, start_key, start_digest, state,
                            outcome, seq, head, admitted_at, ended_at, archived_at, bundle,
-                           sha256)
+                           sha256, data_key)
 SELECT r.id, r.digest, r.workflow_id, r.caller, r.start_key, r.start_digest, r.state,
        r.outcome, r.seq,
-       e.hash, r.admitted_at, r.ended_at, now(), a.bundle, a.sha256
+       e.hash, r.admitted_at, r.ended_at, now(), a.bundle, a.sha256, r.data_key
 FROM unnest(%(runs)s::uuid[], %(seqs)s::integer[], %(bundles)s::text[], %(sha256s)s::text[])
      AS a (id, seq, bundle, sha256)
 JOIN runs r ON r.id = a.id AND r.seq = a.seq AND r.ended_at IS NOT NULL
@@ -1281,3 +1281,29 @@ WHERE r.state IN ('running', 'waiting', 'held') AND e.binding IS NOT NULL
   AND e.binding IS DISTINCT FROM (%(current)s::jsonb -> (e.binding ->> 'connection'))
 ORDER BY r.updated_at
 LIMIT %(limit)s;
+
+-- name: subject_keys
+-- Every data key a subject's runs were sealed under, live or erased, oldest first.
+SELECT id, made_at, erased_at, erased_by FROM data_keys
+WHERE subject = %(subject)s ORDER BY made_at, id;
+
+-- name: subject_runs
+-- The runs in the database sealed under these data keys, oldest first, their data opened.
+SELECT id, workflow_id, digest, state, step, outcome, failure_code, hold_code, detail,
+       admitted_at, ended_at, input, output, data_key
+FROM runs WHERE data_key = ANY (%(keys)s::bigint[]) ORDER BY admitted_at, id;
+
+-- name: subject_archived_runs
+-- The archived runs sealed under these data keys, oldest first, with their bundles.
+SELECT id, workflow_id, digest, state, outcome, admitted_at, ended_at, archived_at, bundle,
+       sha256, data_key
+FROM archived_runs WHERE data_key = ANY (%(keys)s::bigint[]) ORDER BY admitted_at, id;
+
+-- name: subject_sendings
+-- Every request the runs sealed under these data keys sent, what came back, in order.
+SELECT e.run_id AS id, e.step, e.attempt, e.method, e.url, e.idempotency_key, e.sealed_at,
+       e.dispatched_at, e.settled_at, e.status, e.outcome, e.response, e.late_status,
+       e.late_response, e.late_at, r.data_key
+FROM executions e JOIN runs r ON r.id = e.run_id
+WHERE r.data_key = ANY (%(keys)s::bigint[])
+ORDER BY r.admitted_at, e.run_id, e.sealed_at, e.attempt;

@@ -1,0 +1,72 @@
+"""Subject reports: what the service did for one data subject, as an extract signed with
+the audit key and checked offline with the public key alone, as a bundle is.
+
+An extract is one line of canonical JSON, ``{"format", "key", "report", "signature"}``:
+the signature is Ed25519 over a fixed label and the canonical text of ``report``, and
+``key`` names the signer (its raw public key in hex). :func:`check` refuses any other
+spelling of the same content, so a changed byte either changes what the signature covers
+or leaves text that is not the canonical form. Pure: no database, no configuration.
+"""
+
+from __future__ import annotations
+
+import json
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.semantics.bundles import Refused
+from registry_coordinator.semantics.chain import canonical, parse
+from registry_coordinator.semantics.checkpoints import key_id
+
+FORMAT = "registry-coordinator.subject-report/v1"
+_KEYS = {"format", "key", "report", "signature"}
+_LABEL = b"registry-coordinator/subject-report/1\n"
+
+
+def write(report: JSON, key: Ed25519PrivateKey) -> bytes:
+    """``report`` as an extract signed with ``key``: its numbers as the chain writes them
+    (a product's answer may hold a fraction), one line."""
+    content = parse(json.dumps(report))
+    signature = key.sign(_LABEL + canonical(content).encode("utf-8"))
+    document = {
+        "format": FORMAT,
+        "key": key_id(key.public_key()),
+        "report": content,
+        "signature": signature.hex(),
+    }
+    return (canonical(document) + "\n").encode("utf-8")
+
+
+def check(data: bytes, key: Ed25519PublicKey) -> JSON:
+    """The report the extract ``data`` holds, signed by ``key``; :class:`Refused` saying
+    why otherwise."""
+    try:
+        text = data.decode("utf-8")
+        document = parse(text)
+        written = canonical(document) + "\n"
+    except UnicodeDecodeError:
+        raise Refused("it is not a subject report: not UTF-8 text") from None
+    except (ValueError, TypeError) as exc:
+        raise Refused(f"it is not a subject report: {exc}") from None
+    except RecursionError:
+        raise Refused("it is not a subject report: it nests deeper than one does") from None
+    if not isinstance(document, dict) or set(document) != _KEYS:
+        raise Refused(f"a subject report must have exactly the fields {', '.join(sorted(_KEYS))}")
+    if document["format"] != FORMAT:
+        raise Refused(f"its format is {document['format']!r}, and this reads {FORMAT}")
+    if written != text:
+        raise Refused("it is not in the canonical form it was written in: it was changed")
+    if document["key"] != key_id(key):
+        raise Refused("it was signed by another key than the one given")
+    signature = document["signature"]
+    try:
+        key.verify(
+            bytes.fromhex(signature if isinstance(signature, str) else ""),
+            _LABEL + canonical(document["report"]).encode("utf-8"),
+        )
+    except (InvalidSignature, ValueError):
+        raise Refused("its signature does not hold: it was changed since it was signed") from None
+    report: JSON = document["report"]
+    return report

@@ -1,0 +1,94 @@
+"""What the service holds and did for one data subject, asked as a subject-access request
+would ask it: every run of the subject, in the database (what it held, every request it
+sent and what the product answered) and archived (with its bundle), and none of anyone
+else's, as an extract signed with the audit key that verifies offline and refuses a
+changed byte. After the subject's erasure the report still lists the runs and their
+effects, with what they held null.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from registry_coordinator.semantics import reports
+from registry_coordinator.semantics.checkpoints import public_key
+from registry_coordinator.semantics.codes import RunState
+from tests.support import Services, coordinator, signing, wait_for, wait_state
+
+RECORDS: dict[str, tuple[str, dict[str, str]]] = {"records": ("breg", {})}
+PAST, LATER = "2020-01-01T00:00:00Z", "2099-01-01T00:00:00Z"
+
+
+def _report(service: Any, public: Path, subject: str) -> dict[str, Any]:
+    answer = service.http.post("/v1/subject-reports", json={"subject": subject})
+    assert answer.status_code == 200, answer.text
+    report = reports.check(answer.content, public_key(public.read_bytes()))
+    assert isinstance(report, dict)
+    return report
+
+
+def test_a_subjects_report_lists_its_runs_and_effects_signed(
+    dsn: str, services: Services, tmp_path: Path
+) -> None:
+    keys, archive = services.directory / "keys", services.directory / "archive"
+    retention = {"archiveAfter": "PT1S", "directory": str(archive), "every": "PT1S"}
+    service, _ = services.deploy(
+        ["subject-lookup"], RECORDS, extra={**signing(keys), "retention": retention}
+    )
+    public = keys / "audit-key.pub"
+    subject, other = f"applicant-{uuid.uuid4()}", f"applicant-{uuid.uuid4()}"
+    ended_record, live_record = str(uuid.uuid4()), str(uuid.uuid4())
+    ended = service.start_run(
+        "subject-lookup", {"recordId": ended_record, "applicantId": subject, "until": PAST}
+    )
+    live = service.start_run(
+        "subject-lookup", {"recordId": live_record, "applicantId": subject, "until": LATER}
+    )
+    theirs = service.start_run(
+        "subject-lookup", {"recordId": str(uuid.uuid4()), "applicantId": other, "until": LATER}
+    )
+    wait_state(dsn, live, RunState.WAITING)
+    wait_state(dsn, theirs, RunState.WAITING)
+    wait_for(dsn, "SELECT count(*) FROM archived_runs WHERE id = %s", 1, params=(ended,))
+
+    report = _report(service, public, subject)
+    assert report["subject"] == subject and len(report["keys"]) == 1
+    [run] = report["runs"]  # the live one; the ended one was archived
+    assert run["run"] == live and run["state"] == "waiting" and not run["erased"]
+    assert run["input"]["recordId"] == live_record
+    [sent] = run["sendings"]
+    assert sent["method"] == "GET" and live_record in sent["url"]
+    assert sent["effect"] == "answered" and sent["status"] == 200
+    assert f"applicant+{live_record[:8]}@example.org" in sent["answer"]
+    assert run["outcomesUnknown"] == 0
+    [gone] = report["archived"]
+    assert gone["run"] == ended and gone["state"] == "finished" and gone["bundle"]
+    assert theirs not in str(report)
+
+    out = tmp_path / "report.json"
+    written = coordinator(
+        "subject", "report", "--config", service.config, "--subject", subject, "--out", out
+    )
+    assert written.returncode == 0, written.stderr
+    checked = coordinator("audit", "verify", "--report", out, "--public-key", public)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "1 runs in the database, 1 archived" in checked.stdout
+    changed = out.read_bytes().replace(live_record.encode(), str(uuid.uuid4()).encode())
+    out.write_bytes(changed)
+    refused = coordinator("audit", "verify", "--report", out, "--public-key", public)
+    assert refused.returncode == 1 and "signature does not hold" in refused.stdout
+
+    service.http.post(f"/v1/runs/{live}/cancel", json={"reason": "to erase"})
+    wait_state(dsn, live, RunState.CANCELLED)
+    erased = service.http.post("/v1/erasures", json={"subject": subject, "reason": "asked"})
+    assert erased.status_code == 200, erased.text
+    after = _report(service, public, subject)
+    [run] = after["runs"]
+    assert run["erased"] and run["input"] is None and run["state"] == "cancelled"
+    assert [s["url"] for s in run["sendings"]] == [None] and run["sendings"][0]["status"] == 200
+    assert after["keys"][0]["erasedAt"] is not None and after["archived"][0]["erased"]
+
+    unknown = service.http.post("/v1/subject-reports", json={"subject": "nobody"})
+    assert unknown.status_code == 404 and unknown.json()["code"] == "subject.unknown"
