@@ -16,6 +16,7 @@ import threading
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -245,3 +246,26 @@ def test_an_operator_erases_a_subject_from_the_console(dsn: str, services: Servi
     assert "Erased: the subject's data key" in taken.text and "1 runs" in taken.text
     assert all(subject not in str(r.url) for r in (asked, review, refused, taken))
     assert service.status(live)["output"] is None and run_state(dsn, live)["input"] is None
+
+
+def test_an_erasure_killed_before_it_commits_leaves_the_key_whole(
+    dsn: str, services: Services
+) -> None:
+    """Killed between the erasing statement and its commit, the service erased nothing:
+    the subject's data still opens, and the erasure asked again after a restart is done."""
+    service, _ = services.deploy(["subject-lookup"], RECORDS)
+    subject = f"applicant-{uuid.uuid4()}"
+    run, record = _start(service, subject)
+    wait_state(dsn, run, RunState.FINISHED)
+    config = service.config
+    assert service.stop() == 0
+    dying = services.start(config, crash_at="mid-erasure:1")
+    with pytest.raises(httpx.HTTPError):  # the service dies before it answers
+        dying.http.post("/v1/erasures", json={"subject": subject, "reason": "on request"})
+    assert dying.process.wait(60) == -9
+    assert run_state(dsn, run)["output"] == {"email": _email(record)}  # nothing erased
+
+    again = services.start(config)
+    status, answer = _erase(again, subject, "on request")
+    assert status == 200 and answer["before"] is False and answer["runs"] == 1
+    assert again.status(run)["output"] is None

@@ -73,8 +73,10 @@ async def open_custody(db: Database, custody: CustodyConfig, *, make: bool) -> S
         assert shared is not None
     key = _unwrap(custody, installation, shared)
     sealer = Sealer(installation, key, {}, custody.keks, active=custody.active)
-    for row in (shared, *versions):
-        sealer.learn(row["id"], row["kek"], row["wrapped"])
+    sealer.keys[key.id] = key
+    for row in versions:  # each KEK version proven configured right, its sample held
+        if row["id"] != key.id:
+            sealer.learn(row["id"], row["kek"], row["wrapped"])
     return sealer
 
 
