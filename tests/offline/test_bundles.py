@@ -23,28 +23,16 @@ from registry_coordinator.semantics.chain import (
     ENDS,
     Event,
     canonical,
-    event_hash,
     first_break,
     parse,
 )
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, inclusion, sign
+from tests.support import chained
 
 # Fixed seeds, so a failing example replays with the same signatures.
 KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"test_bundles: signer").digest())
 OTHER = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"test_bundles: other").digest())
 PUBLIC = KEY.public_key()
-
-
-def chained(run: str, drafts: list[tuple[str, str, str, str, Any]]) -> list[Event]:
-    """Events 1.. of ``run`` from (at, type, step, actor, detail), each hash chained to
-    the one before as the database writes it."""
-    events: list[Event] = []
-    previous: bytes | None = None
-    for seq, (at, kind, step, actor, detail) in enumerate(drafts, 1):
-        draft = Event(run, seq, at, kind, step, actor, detail, b"")
-        previous = event_hash(previous, draft)
-        events.append(replace(draft, hash=previous))
-    return events
 
 
 def admission(artifact: bytes, workflow: str = "deliver", version: str = "3") -> dict[str, str]:

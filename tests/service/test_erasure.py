@@ -269,3 +269,41 @@ def test_an_erasure_killed_before_it_commits_leaves_the_key_whole(
     status, answer = _erase(again, subject, "on request")
     assert status == 200 and answer["before"] is False and answer["runs"] == 1
     assert again.status(run)["output"] is None
+
+
+def test_a_sealed_runs_decisions_replay_from_its_auditors_bundle_until_erased(
+    dsn: str, services: Services
+) -> None:
+    """An auditor's bundle opens a sealed run's record with the service's keys, and its
+    decisions replay offline; once its subject is erased there is no record to export,
+    while the bundle without one still verifies."""
+    keys = services.directory / "keys"
+    service, _ = services.deploy(["subject-lookup"], RECORDS, extra=signing(keys))
+    subject = f"applicant-{uuid.uuid4()}"
+    run, record = _start(service, subject)
+    wait_state(dsn, run, RunState.FINISHED)
+    public, bundle = keys / "audit-key.pub", services.directory / "run.replay.json"
+    export = ("audit", "export", "--config", service.config, "--run", run, "--out", bundle)
+    made = coordinator(*export, "--record")
+    assert made.returncode == 0, made.stderr
+    assert _email(record).encode() in bundle.read_bytes()  # the record, opened, in clear
+    replayed = coordinator("audit", "replay", "--bundle", bundle, "--public-key", public)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert f"at sleep: woke after {PAST}" in replayed.stdout
+    assert replayed.stdout.endswith(
+        "3 decisions follow from its record, signed by the key given; ended finished\n"
+    )
+    unchecked = coordinator("audit", "replay", "--bundle", bundle)
+    assert "signed by the key it names, not checked against one given" in unchecked.stdout
+
+    plain = coordinator(*export)
+    assert plain.returncode == 0 and _email(record).encode() not in bundle.read_bytes()
+    refused = coordinator("audit", "replay", "--bundle", bundle, "--public-key", public)
+    assert refused.returncode == 2 and "holds no record to replay" in refused.stderr
+
+    assert _erase(service, subject, "on request")[0] == 200
+    erased = coordinator(*export, "--record")
+    assert erased.returncode == 1 and "data was erased" in erased.stderr
+    assert coordinator(*export).returncode == 0
+    holds = coordinator("audit", "verify", "--bundle", bundle, "--public-key", public)
+    assert holds.returncode == 0, holds.stdout

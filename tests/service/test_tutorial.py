@@ -9,7 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.support import ROOT, free_port, python_env
+from registry_coordinator.semantics.chain import parse
+from registry_coordinator.semantics.checkpoints import signing_key
+from tests.support import ROOT, coordinator, free_port, python_env, resigned
 
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 SCENARIOS = ROOT / "workflows" / "review-application" / "scenarios.yaml"
@@ -78,8 +80,34 @@ def test_every_tutorial_command_runs_in_order() -> None:
         sent = [line for line in lines if " call-answered " in line and "notify" in line]
         assert ['"status": 500' in line for line in sent] == [True, False], sent
         assert re.search(r"bundle of run \S+: \d+ events chained, the first \d+ under", output)
+        # Run 4 replayed from its auditor's bundle: the wait's key, the route taken, the finish.
+        assert "at route: took case 1 -> notify" in output
+        assert re.search(r"at approved: finished approved-and-notified, with the output", output)
+        assert re.search(
+            r"\): \d+ decisions follow from its record, signed by the key given", output
+        )
+        _forged_branch_is_refused(WORK / "run4.replay.json", WORK / "keys" / "audit-key.pem")
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
+
+
+def _forged_branch_is_refused(bundle: Path, key_file: Path) -> None:
+    """The auditor's bundle with its route changed and everything signed again with the
+    service's own key: verify says it holds, and replay names the forged event."""
+    forged = bundle.with_name("forged.replay.json")
+    document = parse(bundle.read_bytes())
+    assert isinstance(document, dict)
+    events = document["events"]
+    route = next(e for e in events if e["type"] == "step-completed" and e["step"] == "route")
+    route["detail"] = {"via": "case 2", "next": "rejected"}
+    forged.write_bytes(resigned(document, signing_key(key_file.read_text())))
+    public = key_file.with_name("audit-key.pub")
+    holds = coordinator("audit", "verify", "--bundle", forged, "--public-key", public)
+    assert holds.returncode == 0, holds.stdout  # the key holder's signature is whole
+    refused = coordinator("audit", "replay", "--bundle", forged, "--public-key", public)
+    assert refused.returncode == 1, refused.stdout
+    assert f"event {route['seq']}: the history says case 2 -> rejected" in refused.stdout
+    assert "the record makes it take case 1 -> notify" in refused.stdout
 
 
 def test_a_tutorial_wait_that_runs_out_says_so_and_where_to_look(tmp_path: Path) -> None:

@@ -84,6 +84,7 @@ from tests.support.documents import (
     edges,
     reachable,
 )
+from tests.support.forgery import chained, resigned
 from tests.support.forms import Form, Forms
 from tests.support.generated import dags
 from tests.support.interleave import (
@@ -204,6 +205,7 @@ __all__ = [
     "call",
     "call_pool",
     "called_or_asked",
+    "chained",
     "check",
     "claimed_call",
     "completion_request",
@@ -248,6 +250,7 @@ __all__ = [
     "refused",
     "reply",
     "resent_on_a_guess",
+    "resigned",
     "review_result",
     "reviews",
     "rival_while_paused",

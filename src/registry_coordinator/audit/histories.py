@@ -25,11 +25,13 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from registry_coordinator.audit.checkpointer import checkpoint, stored
+from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.custody import NO_RUN, Purpose
 from registry_coordinator.errors import CoordinatorError
 from registry_coordinator.semantics import bundles
 from registry_coordinator.semantics.chain import Break, Event, first_break, parse
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, inclusion, root, signed_by
+from registry_coordinator.semantics.replay import Record
 from registry_coordinator.store.database import Database, Row
 
 BATCH = 500
@@ -316,11 +318,31 @@ async def _holding(db: Database, run: uuid.UUID) -> list[Event]:
     return events
 
 
+async def _record(db: Database, run: uuid.UUID, events: list[Event]) -> Record:
+    """``run``'s record as its history's last event left it, opened."""
+    row = await db.row("audit_run_record", {"run": run})
+    assert row is not None  # a run being exported is not deleted: it is archived first
+    if row["seq"] != len(events):
+        raise Unexportable(f"run {run} changed while it was exported: export it again")
+    if row["data_key"] is not None and db.sealer is not None and db.sealer.erased(row["data_key"]):
+        raise Unexportable(
+            f"run {run}'s data was erased: there is no record left to replay (its bundle "
+            "without --record still verifies)"
+        )
+    return Record(row["input"], row["outputs"], row["output"], format_instant(row["deadline_at"]))
+
+
 async def export(
-    db: Database, run: uuid.UUID, key: Ed25519PrivateKey, trees: Trees | None = None
+    db: Database,
+    run: uuid.UUID,
+    key: Ed25519PrivateKey,
+    trees: Trees | None = None,
+    *,
+    record: bool = False,
 ) -> bytes:
     """The bundle of ``run``: a checkpoint is made first if its head is not yet signed.
-    ``trees`` keeps the checkpoints' leaves read, for the next export of a batch."""
+    ``trees`` keeps the checkpoints' leaves read, for the next export of a batch. With
+    ``record``, an auditor's bundle: the run's record in clear, for ``audit replay``."""
     found = await db.row("audit_export_run", {"run": run})
     if found is None:
         archived = await db.row("archived_run", {"run": run})
@@ -350,6 +372,7 @@ async def export(
         hashes = [Leaf(r["run"], r["seq"], bytes(r["head"])).hash() for r in leaves]
         trees[proof["checkpoint"]] = hashes
     path = inclusion(hashes, proof["position"])
+    held = await _record(db, run, events) if record else None
     return bundles.write(
         str(run),
         events,
@@ -358,4 +381,5 @@ async def export(
         proof["seq"],
         proof["position"],
         path,
+        None if held is None else bundles.signed_record(key, str(run), events[-1].hash, held),
     )

@@ -78,6 +78,23 @@ def add_commands(commands: Commands) -> None:
     export.add_argument("--config", type=Path, required=True, metavar="FILE")
     export.add_argument("--run", type=uuid.UUID, required=True, metavar="ID")
     export.add_argument("--out", type=Path, required=True, metavar="FILE")
+    export.add_argument(
+        "--record",
+        action="store_true",
+        help="an auditor's bundle: with the run's input and outputs in clear, for replay",
+    )
+    replay = actions.add_parser(
+        "replay", help="take a bundle's decisions again offline from its record: exit 0 or 1"
+    )
+    replay.add_argument(
+        "--bundle", type=Path, required=True, metavar="FILE", help="an audit export --record"
+    )
+    replay.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="FILE",
+        help="the key that must have signed it, PEM (default: the key it names, unchecked)",
+    )
     kept = actions.add_parser(
         "checkpoint", help="sign the heads that changed now; write the latest checkpoint"
     )
@@ -131,6 +148,7 @@ def _audit(args: argparse.Namespace) -> int:
     actions = {
         "verify": _audit_verify,
         "export": _audit_export,
+        "replay": _audit_replay,
         "checkpoint": _audit_checkpoint,
         "public-key": _audit_public_key,
         "keygen": _audit_keygen,
@@ -386,11 +404,57 @@ def _audit_export(args: argparse.Namespace) -> int:
     written: list[bytes] = []
 
     async def work(db: Database) -> None:
-        written.append(await histories.export(db, args.run, key))
+        written.append(await histories.export(db, args.run, key, record=args.record))
 
     _audit_database(config, work)
     _write_atomically(args.out, written[0])
-    print(f"wrote the bundle of run {args.run} to {args.out} ({len(written[0])} bytes)")
+    kind = "an auditor's bundle (its record in clear)" if args.record else "the bundle"
+    print(f"wrote {kind} of run {args.run} to {args.out} ({len(written[0])} bytes)")
+    return ExitCode.OK
+
+
+def _audit_replay(args: argparse.Namespace) -> int:
+    """The bundle's decisions taken again from its record, each one a line; the first
+    event that does not follow, and exit 1, if one does not."""
+    from registry_coordinator.authoring import artifact
+    from registry_coordinator.authoring.diagnostics import Refused as Unloadable
+    from registry_coordinator.semantics import bundles, replay
+
+    try:
+        data = args.bundle.read_bytes()
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read the bundle {args.bundle}: {exc.strerror}") from None
+    named = args.public_key is None
+    try:
+        key = bundles.named_key(data) if named else _public_key_file(args.public_key)
+        proven = bundles.check(data, key)
+    except bundles.Refused as exc:
+        print(f"bundle {args.bundle}: {exc}")
+        print(f"the bundle {args.bundle} does not hold", file=sys.stderr)
+        return ExitCode.INVALID
+    if proven.record is None:
+        raise _AuditUsage(
+            f"the bundle {args.bundle} holds no record to replay: write one with coordinator "
+            "audit export --run ID --record (an archived run's bundle never holds one)"
+        )
+    try:
+        definition = artifact.load(proven.artifact, "the bundle's artifact", trusted=True)
+    except Unloadable as exc:
+        raise _AuditUsage(f"the bundle's artifact cannot be run by this build: {exc}") from None
+    try:
+        replayed = replay.replay(definition, proven.run, proven.history, proven.record)
+    except replay.Diverged as exc:
+        print(f"bundle {args.bundle}: run {proven.run}: {exc}")
+        print(f"the history of run {proven.run} does not follow from its record", file=sys.stderr)
+        return ExitCode.INVALID
+    for decision in replayed.decisions:
+        print(f"event {decision.seq} at {decision.step}: {decision.said}")
+    where = f"ended {replayed.ended}" if replayed.ended else f"live at step {replayed.step}"
+    signer = "the key it names, not checked against one given" if named else "the key given"
+    print(
+        f"run {proven.run} ({proven.workflow} {proven.version}): {len(replayed.decisions)} "
+        f"decisions follow from its record, signed by {signer}; {where}"
+    )
     return ExitCode.OK
 
 

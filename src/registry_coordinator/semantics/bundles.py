@@ -6,6 +6,12 @@ signed checkpoint and the inclusion proof of the run's head in that checkpoint's
 history is the one that was written, that its first event names the artifact's digest,
 and that the key's holder signed its head.
 
+An auditor's bundle (``audit export --record``) also holds the run's record — its input,
+outputs, output and deadline, in clear, for an auditor trusted with them — signed with
+the same key over the run and its last event's hash, for :mod:`replay` to take the run's
+decisions again. Archived bundles never hold one: what they keep of a person stays
+sealed, and is erased with its key.
+
 A bundle is one line of the chain's canonical JSON, and :func:`check` refuses any other
 spelling of the same content, so every byte counts: a changed byte either changes what
 a hash, the digest or the signature covers, or leaves text that is not the canonical
@@ -16,22 +22,27 @@ reason.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.semantics.chain import Event, canonical, first_break, parse
 from registry_coordinator.semantics.checkpoints import Checkpoint, Leaf, proven_root, signed_by
+from registry_coordinator.semantics.replay import Record
 
 FORMAT = "registry-coordinator.audit-bundle/v1"
 _KEYS = {"artifact", "checkpoint", "events", "format", "proof", "run"}
 _EVENT = {"actor", "at", "detail", "hash", "seq", "step", "type"}
 _CHECKPOINT = {"at", "key", "leaves", "number", "previous", "root", "signature"}
 _PROOF = {"index", "path", "seq"}
+_RECORD = {"deadline", "input", "output", "outputs", "signature"}
+_RECORD_LABEL = b"registry-coordinator/bundle-record/1\n"
 _HEX32 = re.compile(r"[0-9a-f]{64}")
 _HEX64 = re.compile(r"[0-9a-f]{128}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -45,10 +56,12 @@ def write(
     seq: int,
     index: int,
     path: Sequence[bytes],
+    record: dict[str, JSON] | None = None,
 ) -> bytes:
     """The bundle of ``run``: its events, the artifact, and ``checkpoint``, whose leaf
-    ``index`` is the run's head at event ``seq`` with ``path`` as its proof."""
-    document = {
+    ``index`` is the run's head at event ``seq`` with ``path`` as its proof; and, in an
+    auditor's bundle, the run's ``record`` as :func:`signed_record` signed it."""
+    document: dict[str, JSON] = {
         "artifact": artifact.decode("utf-8"),
         "checkpoint": checkpoint.as_json(),
         "events": [
@@ -67,7 +80,62 @@ def write(
         "proof": {"index": index, "path": [p.hex() for p in path], "seq": seq},
         "run": run,
     }
+    if record is not None:
+        document["record"] = record
     return (canonical(document) + "\n").encode("utf-8")
+
+
+def _record_statement(run: str, head: str, record: dict[str, JSON]) -> bytes:
+    covered = {k: record[k] for k in _RECORD - {"signature"}}
+    return _RECORD_LABEL + canonical({**covered, "head": head, "run": run}).encode("utf-8")
+
+
+def signed_record(key: Ed25519PrivateKey, run: str, head: bytes, record: Record) -> dict[str, JSON]:
+    """``record`` as an auditor's bundle holds it, in clear, signed with ``key`` together
+    with the run and the hash of the history's last event (``head``), so that a record
+    cannot be moved to another run or to another state of its history."""
+    content = parse(
+        json.dumps(
+            {
+                "deadline": record.deadline,
+                "input": record.input,
+                "output": record.output,
+                "outputs": record.outputs,
+            }
+        )
+    )
+    assert isinstance(content, dict)
+    signature = key.sign(_record_statement(run, head.hex(), content))
+    return {**content, "signature": signature.hex()}
+
+
+def _record(run: str, head: bytes, value: object, key: Ed25519PublicKey) -> Record:
+    r = _mapping(value, _RECORD, "the record")
+    try:
+        key.verify(
+            bytes.fromhex(_text(r["signature"], "the record's signature", _HEX64)),
+            _record_statement(run, head.hex(), r),
+        )
+    except InvalidSignature:
+        raise Refused(
+            "the record's signature does not hold for this run and its last event"
+        ) from None
+    outputs = r["outputs"]
+    if not isinstance(outputs, dict):
+        raise Refused("the record's outputs must be a mapping of step ids to outputs")
+    return Record(
+        _plain(r["input"]),
+        {step: _plain(v) for step, v in outputs.items()},
+        _plain(r["output"]),
+        _text(r["deadline"], "the record's deadline"),
+    )
+
+
+def _plain(value: JSON) -> JSON:
+    """A value as the engine reads one from the database (numbers as int or float), not as
+    the chain's canonical form parses it (Decimal)."""
+    plain: JSON = json.loads(canonical(value))
+    return plain
 
 
 class Refused(ValueError):
@@ -87,6 +155,9 @@ class Proven:
     signed: int  # events 1..signed are under the checkpoint's signature
     checkpoint: int
     checkpoint_at: str
+    history: tuple[Event, ...] = field(default=(), repr=False, compare=False)
+    artifact: bytes = field(default=b"", repr=False, compare=False)
+    record: Record | None = field(default=None, repr=False)  # an auditor's bundle's
 
 
 def _mapping(value: object, keys: set[str], what: str) -> dict[str, JSON]:
@@ -143,6 +214,17 @@ def read_checkpoint(value: object) -> Checkpoint:
     )
 
 
+def named_key(data: bytes) -> Ed25519PublicKey:
+    """The key the bundle ``data``'s checkpoint names as its signer: a check against it
+    shows the bundle is whole and self-consistent, not who signed it."""
+    try:
+        document = parse(data.decode("utf-8"))
+        named = document["checkpoint"]["key"]
+        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(named))
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, RecursionError):
+        raise Refused("it is not a bundle: its checkpoint names no Ed25519 key") from None
+
+
 def check(data: bytes, key: Ed25519PublicKey) -> Proven:
     """What the bundle ``data`` proves under ``key``; :class:`Refused` if it does not."""
     try:
@@ -155,7 +237,9 @@ def check(data: bytes, key: Ed25519PublicKey) -> Proven:
         raise Refused(f"it is not a bundle: {exc}") from None
     except RecursionError:
         raise Refused("it is not a bundle: it nests deeper than any bundle does") from None
-    root = _mapping(document, _KEYS, "a bundle")
+    if not isinstance(document, dict):
+        raise Refused(f"a bundle must have exactly the fields {', '.join(sorted(_KEYS))}")
+    root = _mapping(document, _KEYS | ({"record"} & set(document)), "a bundle")
     if _text(root["format"], "format") != FORMAT:
         raise Refused(f"its format is {root['format']!r}, and this reads {FORMAT}")
     try:
@@ -194,6 +278,7 @@ def check(data: bytes, key: Ed25519PublicKey) -> Proven:
     why = signed_by(checkpoint, key)
     if why is not None:
         raise Refused(f"checkpoint {checkpoint.number}: {why}")
+    record = _record(run, events[-1].hash, root["record"], key) if "record" in root else None
     return Proven(
         run,
         len(events),
@@ -204,4 +289,7 @@ def check(data: bytes, key: Ed25519PublicKey) -> Proven:
         seq,
         checkpoint.number,
         checkpoint.at,
+        tuple(events),
+        artifact,
+        record,
     )

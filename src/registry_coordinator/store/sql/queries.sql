@@ -979,6 +979,10 @@ SELECT r.id::text AS run, r.seq, d.artifact
 FROM runs r JOIN definitions d ON d.digest = r.digest
 WHERE r.id = %(run)s;
 
+-- name: audit_run_record
+-- What a run's decisions were made on, for an auditor's bundle: its values and deadline.
+SELECT id, data_key, seq, input, outputs, output, deadline_at FROM runs WHERE id = %(run)s;
+
 -- name: audit_run_proof
 -- The latest checkpoint that signed a run's head: which leaf, of which seq.
 SELECT checkpoint, position, seq FROM audit_leaves
