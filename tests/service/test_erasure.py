@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -29,6 +30,10 @@ from tests.support import (
     Service,
     Services,
     coordinator,
+    decide,
+    new_review,
+    push,
+    pushing,
     run_state,
     signing,
     wait_for,
@@ -307,3 +312,37 @@ def test_a_sealed_runs_decisions_replay_from_its_auditors_bundle_until_erased(
     assert coordinator(*export).returncode == 0
     holds = coordinator("audit", "verify", "--bundle", bundle, "--public-key", public)
     assert holds.returncode == 0, holds.stdout
+
+
+def test_the_webhook_payloads_an_erased_subjects_runs_waited_for_are_forgotten(
+    dsn: str, services: Services
+) -> None:
+    """A delivery names no run, so its payload is sealed under the shared key: erasing a
+    subject forgets the payloads its runs waited for, keeping each delivery's row (a
+    repeat is still known as one), and leaves another subject's payloads whole."""
+    service, products = services.deploy(["subject-review"], pushing())
+    products.feed_read()
+    erased, kept = f"applicant-{uuid.uuid4()}", f"applicant-{uuid.uuid4()}"
+    requests = {}
+    for subject in (erased, kept):
+        request = new_review(products)
+        run = service.start_run("subject-review", {"requestId": request, "applicantId": subject})
+        wait_state(dsn, run, RunState.WAITING)
+        decide(products, request)
+        push(service, request, f"evt-{request}")
+        wait_state(dsn, run, RunState.FINISHED)
+        requests[subject] = request
+
+    def payloads() -> dict[str, bool]:
+        with sync_connection(dsn) as conn:
+            rows = conn.execute("SELECT key, payload IS NOT NULL AS held FROM deliveries")
+            return {row["key"]: row["held"] for row in rows.fetchall()}
+
+    assert payloads() == {requests[erased]: True, requests[kept]: True}
+    assert _erase(service, erased, "on request")[0] == 200
+    assert payloads() == {requests[erased]: False, requests[kept]: True}
+    refused = pytest.raises(psycopg.errors.RaiseException, match="append-only")
+    with sync_connection(dsn) as conn, refused:  # still append-only for anything else
+        conn.execute("UPDATE deliveries SET key = 'moved' WHERE key = %s", (requests[kept],))
+    assert push(service, requests[erased], f"evt-{requests[erased]}").status_code == 204
+    assert len(payloads()) == 2  # the repeat is known by its event id, and kept once

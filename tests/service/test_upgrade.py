@@ -117,6 +117,14 @@ REVERSALS: dict[int, str] = {
         ALTER TABLE data_keys ADD CONSTRAINT data_keys_subject_key UNIQUE (subject);
         DELETE FROM coordinator_migrations WHERE version = 17;
     """,
+    18: """
+        DROP FUNCTION forget_deliveries(bigint);
+        DROP TRIGGER deliveries_append_only ON deliveries;
+        CREATE TRIGGER deliveries_append_only BEFORE UPDATE OR DELETE ON deliveries
+            FOR EACH ROW EXECUTE FUNCTION refuse_change();
+        DROP FUNCTION deliveries_forget_only();
+        DELETE FROM coordinator_migrations WHERE version = 18;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

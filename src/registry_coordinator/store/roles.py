@@ -39,7 +39,7 @@ GRANTS: dict[str, tuple[str, ...]] = {
     "waits": ("SELECT", "INSERT", "DELETE"),
 }
 #: The functions serve calls that PUBLIC may not.
-FUNCTIONS = ("remove_archived(uuid[])",)
+FUNCTIONS = ("remove_archived(uuid[])", "forget_deliveries(bigint)")
 #: What a runtime role must not have on the tables that keep history.
 HISTORY = ("run_events", "definitions", "deliveries", "admission_events", "audit_checkpoints")
 FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")

@@ -1123,7 +1123,8 @@ SELECT id FROM runs WHERE data_key = %(key)s AND ended_at IS NULL ORDER BY admit
 -- name: erase_data_key
 -- A subject's data key destroyed, keeping who, when and why; every process is told.
 --
--- Every value sealed under it, in the database and in bundles, is unreadable for good.
+-- Every value sealed under it, in the database and in bundles, is unreadable for good,
+-- and the payloads of the deliveries its runs waited for are forgotten (schema 18).
 WITH erased AS (
     UPDATE data_keys
     SET kek = NULL, wrapped = NULL, erased_at = now(), erased_by = %(actor)s,
@@ -1132,6 +1133,7 @@ WITH erased AS (
     RETURNING id, erased_at
 )
 SELECT e.id, e.erased_at, pg_notify('coordinator_wake', 'erased:' || e.id) AS notified,
+       forget_deliveries(e.id) AS deliveries,  -- the webhook payloads its runs waited for
        (SELECT count(*) FROM runs WHERE data_key = e.id)
        + (SELECT count(*) FROM archived_runs WHERE data_key = e.id) AS runs
 FROM erased e;
