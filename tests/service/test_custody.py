@@ -112,8 +112,9 @@ def test_what_was_sent_and_answered_is_ciphertext_in_the_dump(dsn: str, services
 def test_an_operators_reason_and_a_webhooks_payload_are_ciphertext_in_the_dump(
     dsn: str, services: Services
 ) -> None:
-    """An operator's reason may name a person, and so may a product's webhook payload:
-    neither is in the dump; the run's history gives the reason back to its readers."""
+    """An operator's reason may name a person — a run's, or admission's — and so may a
+    product's webhook payload: none is in the dump; the run's history gives the reason back
+    to its readers, and a start refused while admission is held reads the hold's."""
     notices = {"requestTimeout": "PT1S", "verification": {"attempts": 0}}
     service, products = services.deploy(
         ["notify"], {"notices": ("messaging", notices), **reviews()}
@@ -128,9 +129,18 @@ def test_an_operators_reason_and_a_webhooks_payload_are_ciphertext_in_the_dump(
     payload = f"payload-{uuid.uuid4()}"
     body = {"eventId": "evt-1", "result": "review-decision", "key": "k-1", "payload": payload}
     assert deliver(service, body).status_code == 202
+    held = f"held while {uuid.uuid4()}'s complaint is looked into"
+    assert service.http.post("/v1/admission/hold", json={"reason": held}).status_code == 200
+    refused = service.http.post(
+        "/v1/runs", json={"workflow": "notify", "input": {"email": "late@example.org"}},
+        headers={"Idempotency-Key": f"late-{uuid.uuid4()}"},
+    )  # fmt: skip
+    assert refused.status_code == 503 and held in refused.text, refused.text  # read back
+    released = f"released: {uuid.uuid4()} answered"
+    assert service.http.post("/v1/admission/release", json={"reason": released}).status_code == 200
 
     dump = _dumped(dsn, services.directory)
-    for canary in (reason, payload):
+    for canary in (reason, payload, held, released):
         assert canary.encode() not in dump and canary.encode().hex().encode() not in dump
     history = service.http.get(f"/v1/runs/{run}/history").json()["events"]
     retried = [e for e in history if e["kind"] == "retry-same"]

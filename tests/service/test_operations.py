@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from registry_coordinator.store.database import sync_connection
+from registry_coordinator.store.operator_actions import admission_reason
 from tests.support import (
     STANDIN_TOKEN,
     Services,
@@ -23,6 +24,7 @@ from tests.support import (
     wait_for,
     wait_state,
 )
+from tests.support.rows import sealer_of
 
 
 def test_client_secret_tokens_are_fetched_once_and_reused(
@@ -158,8 +160,12 @@ def test_admission_hold_and_release(dsn: str, services: Services) -> None:
     started = service.http.post("/v1/runs", json=body, headers={"Idempotency-Key": "a"})
     assert started.status_code == 201
     with sync_connection(dsn) as conn:
-        trail = conn.execute("SELECT held, reason FROM admission_events ORDER BY at").fetchall()
-    assert trail == [
-        {"held": True, "reason": "database upgrade"},
-        {"held": False, "reason": "done"},
+        trail = conn.execute(
+            "SELECT held, reason, data_key AS reason_key FROM admission_events ORDER BY at"
+        ).fetchall()
+    assert all(row["reason_key"] is not None for row in trail)  # sealed: a reason may name one
+    sealer = sealer_of(dsn)
+    assert [(row["held"], admission_reason(sealer, row)) for row in trail] == [
+        (True, "database upgrade"),
+        (False, "done"),
     ]

@@ -125,6 +125,11 @@ REVERSALS: dict[int, str] = {
         DROP FUNCTION deliveries_forget_only();
         DELETE FROM coordinator_migrations WHERE version = 18;
     """,
+    19: """
+        ALTER TABLE admission_events DROP COLUMN data_key;
+        ALTER TABLE admission DROP COLUMN data_key;
+        DELETE FROM coordinator_migrations WHERE version = 19;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

@@ -17,7 +17,9 @@ from datetime import datetime
 from typing import Self
 
 from registry_coordinator.authoring.canonical import JSON
+from registry_coordinator.custody import Sealer
 from registry_coordinator.store.database import Database, Row, RowsUnopenable
+from registry_coordinator.store.operator_actions import admission_reason
 from registry_coordinator.store.records import RunStatus
 
 
@@ -126,8 +128,9 @@ class Admission:
     at: datetime
 
     @classmethod
-    def from_row(cls, row: Row) -> Self:
-        return cls(held=row["held"], reason=row["reason"], actor=row["actor"], at=row["at"])
+    def from_row(cls, row: Row, sealer: Sealer | None) -> Self:
+        reason = admission_reason(sealer, row)
+        return cls(held=row["held"], reason=reason, actor=row["actor"], at=row["at"])
 
 
 def _visible(caller: str | None, readable: frozenset[str] | None) -> dict[str, object]:
@@ -188,11 +191,11 @@ async def admission(db: Database) -> Admission | None:
     """Whether admission is held, with the reason, actor and instant of its last change;
     schema version 7 gave admission its row, so a current schema has it."""
     row = await db.row("console_admission")
-    return None if row is None else Admission.from_row(row)
+    return None if row is None else Admission.from_row(row, db.sealer)
 
 
 async def admission_events(db: Database, limit: int = 20) -> list[Admission]:
     """The latest holds and releases of admission, newest first: who held it before, and
     for how long."""
     rows = await db.rows("console_admission_events", {"limit": limit})
-    return [Admission.from_row(row) for row in rows]
+    return [Admission.from_row(row, db.sealer) for row in rows]

@@ -17,7 +17,14 @@ from datetime import datetime
 from typing import Self
 
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.custody import sealer_for
+from registry_coordinator.custody import (
+    NO_RUN,
+    CustodyCode,
+    Purpose,
+    Sealer,
+    Unopenable,
+    sealer_for,
+)
 from registry_coordinator.semantics.codes import HoldCode, RunState
 from registry_coordinator.store.database import Connection, Database, Row
 from registry_coordinator.store.records import known
@@ -107,8 +114,30 @@ async def locked(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun | N
         yield None if run is None else LockedRun(conn, OperatorRun.from_row(run))
 
 
+#: Where an admission's reason is sealed: no run's, the shared key's.
+_ADMISSION = (NO_RUN, Purpose.REASON, "admission")
+
+
 async def set_admission(db: Database, held: bool, actor: str, reason: str) -> None:
-    """Hold or release admission of new runs, with its event. The statement that admits a
-    run locks the row this updates (:func:`store.admit`), so a hold and a start serialize
-    and cannot pass each other."""
-    await db.execute("set_admission", {"held": held, "reason": reason, "actor": actor})
+    """Hold or release admission of new runs, with its event, the reason sealed under the
+    shared key, with custody. The statement that admits a run locks the row this updates
+    (:func:`store.admit`), so a hold and a start serialize and cannot pass each other."""
+    sealer, stored = db.sealer, reason
+    if sealer is not None:
+        stored = sealer.seal(*_ADMISSION, reason, "admission.reason")
+    params = {"held": held, "reason": stored, "actor": actor}
+    await db.execute("set_admission", {**params, "data_key": sealer and sealer.key.id})
+
+
+def admission_reason(sealer: Sealer | None, row: Row) -> str:
+    """The reason of an admission row (``reason``, sealed under ``reason_key`` or in clear
+    when that is NULL), opened: :class:`Unopenable` where it does not."""
+    if row["reason_key"] is None:
+        return str(row["reason"])
+    if sealer is None:
+        raise Unopenable(
+            CustodyCode.KEK_MISSING,
+            "admission's reason is sealed, and the configuration has no custody keys: give "
+            "custody: {keys: ..., active: N} as it was",
+        )
+    return str(sealer.open(*_ADMISSION, row["reason"], "admission.reason"))

@@ -53,6 +53,7 @@ from registry_coordinator.store.database import (
 )
 from registry_coordinator.store.faults import crash_point
 from registry_coordinator.store.leases import Holder, Holdings, extend_leases, take_over
+from registry_coordinator.store.operator_actions import admission_reason
 from registry_coordinator.store.records import ArchivedRun, HistoryEvent, LateAnswer, RunStatus
 from registry_coordinator.store.statements import wait_due
 
@@ -379,7 +380,7 @@ async def _not_admitted(
         row = found.get(key)
         if row is None:
             assert gate["held"], "a start is refused only when held, or for a key in use"
-            outcomes[key] = AdmissionHeld(gate["reason"], gate["actor"])
+            outcomes[key] = AdmissionHeld(admission_reason(db.sealer, gate), gate["actor"])
         elif not started.matches(row["start_digest"]):
             outcomes[key] = KeyReused(row["id"])
         elif row["archived_at"] is not None:

@@ -58,7 +58,7 @@ SELECT artifact FROM definitions WHERE digest = %(digest)s;
 -- names it otherwise. Returns admission as it stood, and the run admitted, if one was, with
 -- its status as run_status shows it. (admit_runs does the same for many starts.)
 WITH gate AS MATERIALIZED (
-    SELECT held, reason, actor FROM admission FOR SHARE
+    SELECT held, reason, actor, data_key AS reason_key FROM admission FOR SHARE
 ), subject AS MATERIALIZED (
     SELECT id FROM data_keys WHERE id = %(subject_key)s AND erased_at IS NULL FOR KEY SHARE
 ), admitted AS (
@@ -81,7 +81,7 @@ WITH gate AS MATERIALIZED (
     SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
     RETURNING run_id, hash, detail ->> 'version' AS version
 )
-SELECT gate.held, gate.reason, gate.actor,
+SELECT gate.held, gate.reason, gate.actor, gate.reason_key,
        ARRAY(SELECT %(subject_key)s::bigint WHERE %(subject_key)s IS NOT NULL
              EXCEPT SELECT id FROM subject) AS stale_keys,
        (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
@@ -103,7 +103,7 @@ LEFT JOIN (admitted r JOIN evented e ON e.run_id = r.id) ON true;
 -- none admitted, one row of admission alone. A start sealed under its subject's key
 -- (subject_keys, NULL for the shared %(data_key)s) is admitted only while that key is live.
 WITH gate AS MATERIALIZED (
-    SELECT held, reason, actor FROM admission FOR SHARE
+    SELECT held, reason, actor, data_key AS reason_key FROM admission FOR SHARE
 ), subjects AS MATERIALIZED (
     SELECT id FROM data_keys WHERE id = ANY (%(subject_keys)s::bigint[]) AND erased_at IS NULL
     ORDER BY id FOR KEY SHARE
@@ -137,7 +137,7 @@ WITH gate AS MATERIALIZED (
     FROM admitted r JOIN definitions d ON d.digest = r.digest
     RETURNING run_id, hash, detail ->> 'version' AS version
 )
-SELECT gate.held, gate.reason, gate.actor,
+SELECT gate.held, gate.reason, gate.actor, gate.reason_key,
        ARRAY(SELECT k FROM unnest(%(subject_keys)s::bigint[]) k WHERE k IS NOT NULL
              EXCEPT SELECT id FROM subjects) AS stale_keys,
        (SELECT pg_notify('coordinator_wake', 'admitted') WHERE EXISTS (SELECT FROM evented))
@@ -496,14 +496,18 @@ FROM runs WHERE id = %(id)s;
 
 -- name: set_admission
 -- Hold or release admission, and record the change in admission's history.
+--
+-- Its reason is sealed under %(data_key)s, the shared key, with custody.
 WITH changed AS (
-    INSERT INTO admission (held, reason, actor, at) VALUES (%(held)s, %(reason)s, %(actor)s, now())
+    INSERT INTO admission (held, reason, actor, at, data_key)
+    VALUES (%(held)s, %(reason)s, %(actor)s, now(), %(data_key)s)
     ON CONFLICT (singleton) DO UPDATE
-    SET held = excluded.held, reason = excluded.reason, actor = excluded.actor, at = excluded.at
-    RETURNING held, reason, actor, at
+    SET held = excluded.held, reason = excluded.reason, actor = excluded.actor, at = excluded.at,
+        data_key = excluded.data_key
+    RETURNING held, reason, actor, at, data_key
 )
-INSERT INTO admission_events (at, held, reason, actor)
-SELECT at, held, reason, actor FROM changed;
+INSERT INTO admission_events (at, held, reason, actor, data_key)
+SELECT at, held, reason, actor, data_key FROM changed;
 
 -- name: operator_run
 -- A run as an operator action needs it, locked against the engine for the action.
@@ -841,11 +845,12 @@ SELECT digest, state, count(*) AS runs FROM runs GROUP BY digest, state;
 
 -- name: console_admission
 -- Whether admission is held, why, by whom and since when.
-SELECT held, reason, actor, at FROM admission;
+SELECT held, reason, actor, at, data_key AS reason_key FROM admission;
 
 -- name: console_admission_events
 -- The latest holds and releases of admission, newest first.
-SELECT at, held, reason, actor FROM admission_events ORDER BY at DESC LIMIT %(limit)s;
+SELECT at, held, reason, actor, data_key AS reason_key FROM admission_events
+ORDER BY at DESC LIMIT %(limit)s;
 
 -- name: console_begin_login
 -- Keep a console sign-in until its browser comes back, and purge the expired ones.
