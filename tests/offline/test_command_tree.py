@@ -88,6 +88,7 @@ TREE = {
     "coordinator subject": {"<subject>": REQUIRED},
     "coordinator subject report": {"--config": REQUIRED, "--subject": REQUIRED, "--out": REQUIRED},
     "coordinator keys": {"<keys>": REQUIRED},
+    "coordinator keys seal": {"--config": REQUIRED},
     "coordinator keys generate": {"--out": REQUIRED},
     "coordinator keys rotate": {"--config": REQUIRED},
     "coordinator runs": {"<action>": REQUIRED},

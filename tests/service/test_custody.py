@@ -38,6 +38,7 @@ from tests.support import (
     services_kek,
     wait_state,
 )
+from tests.support.config import custody
 
 RECORDS: dict[str, tuple[str, dict[str, str]]] = {"records": ("breg", {})}
 
@@ -351,3 +352,59 @@ def test_a_rotation_killed_midway_loses_nothing(dsn: str, services: Services) ->
     refused = coordinator("serve", "--config", only_old)
     assert refused.returncode == 1, refused.stderr
     assert "(custody.kek-missing)" in refused.stderr, refused.stderr
+
+
+def test_runs_that_ended_before_custody_are_sealed_after_and_a_kill_loses_nothing(
+    dsn: str, services: Services
+) -> None:
+    """A database that ran without custody holds its runs in clear; with custody given,
+    ``keys seal`` seals each ended run whole in a transaction of its own — killed between
+    a run and its sendings, that run stays in clear and the next pass seals it — and the
+    API reads them as before, their histories as they were written and signed."""
+    service, _ = services.deploy(["lookup"], RECORDS, extra={"custody": {}})
+    records = [str(uuid.uuid4()) for _ in range(3)]
+    runs = [service.start_run("lookup", {"recordId": record}) for record in records]
+    for run in runs:
+        wait_state(dsn, run, RunState.FINISHED)
+    histories = {run: service.http.get(f"/v1/runs/{run}/history").json() for run in runs}
+    assert service.stop() == 0
+    with_custody = _without_custody(service.config, custody(services.directory, dsn))
+
+    killed = coordinator(
+        "keys", "seal", "--config", with_custody, env={"COORDINATOR_CRASH_AT": "mid-sealing:2"}
+    )
+    assert killed.returncode == -9, killed.stderr
+
+    def sealed() -> list[bool]:
+        with sync_connection(dsn) as conn:
+            rows = conn.execute(
+                "SELECT data_key IS NOT NULL AS sealed FROM runs WHERE id = ANY(%s::uuid[]) "
+                "ORDER BY id",
+                (runs,),
+            ).fetchall()
+        return [row["sealed"] for row in rows]
+
+    assert sealed() == [True, False, False]  # the second's transaction rolled back whole
+    done = coordinator("keys", "seal", "--config", with_custody)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "sealed 2 ended runs written before custody (2 sendings) under the installation's "
+        "shared key; their histories stay as written; every run's values are sealed\n"
+    )
+    assert sealed() == [True, True, True]
+    dump = _dumped(dsn, services.directory)
+    for record in records:
+        for canary in (record, _email(record)):  # the run's row and its sendings'
+            assert canary.encode().hex().encode() not in dump
+        # Its output (and the answer) are sealed; the history keeps the URL it was written with.
+        assert _email(record).encode() not in dump
+    with sync_connection(dsn) as conn:
+        inputs = conn.execute("SELECT input FROM runs WHERE id = ANY(%s::uuid[])", (runs,))
+        assert all(isinstance(row["input"], str) for row in inputs.fetchall())  # ciphertext
+
+    again = services.start(with_custody)
+    for run, record in zip(runs, records, strict=True):
+        assert again.status(run)["output"] == {"email": _email(record)}
+        assert again.http.get(f"/v1/runs/{run}/history").json() == histories[run]
+    verified = coordinator("audit", "verify", "--config", with_custody)
+    assert verified.returncode == 0, verified.stdout

@@ -130,6 +130,10 @@ REVERSALS: dict[int, str] = {
         ALTER TABLE admission DROP COLUMN data_key;
         DELETE FROM coordinator_migrations WHERE version = 19;
     """,
+    20: """
+        ALTER TABLE runs DROP COLUMN sealed_from;
+        DELETE FROM coordinator_migrations WHERE version = 20;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

@@ -1,8 +1,9 @@
 """``coordinator keys``: the key-encryption keys personal data's data keys are wrapped
 under (docs/custody.md). ``generate`` makes one, written where no file is, readable by
 its owner only: a key is never replaced, since what it wraps would be gone with it.
-``rotate`` wraps every data key again under the active one while the service runs; it
-shows its progress on a terminal and says what it did in one line.
+``rotate`` wraps every data key again under the active one while the service runs;
+``seal`` seals the runs that ended before custody was configured. Each shows its progress
+on a terminal and says what it did in one line.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def add_commands(commands: Commands) -> None:
         "rotate", help="wrap every data key again under custody.active (the service may run)"
     )
     rotate.add_argument("--config", type=Path, required=True, metavar="FILE")
+    sealing = actions.add_parser(
+        "seal", help="seal the runs that ended before custody was configured (the service may run)"
+    )
+    sealing.add_argument("--config", type=Path, required=True, metavar="FILE")
 
 
 def handlers() -> dict[str, Handler]:
@@ -37,7 +42,7 @@ def handlers() -> dict[str, Handler]:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    return {"generate": _generate, "rotate": _rotate}[args.keys](args)
+    return {"generate": _generate, "rotate": _rotate, "seal": _seal}[args.keys](args)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -95,6 +100,47 @@ def _rotate(args: argparse.Namespace) -> int:
         f"wrapped {keys.counted(rotated.rewrapped)} again under key-encryption key "
         f"{rotated.active} ({rotated.already} already under it, {rotated.erased} erased); "
         f"{left}"
+    )
+    return ExitCode.OK
+
+
+def _seal(args: argparse.Namespace) -> int:
+    from registry_coordinator.cli.service import configure_logging, run_service
+    from registry_coordinator.config import load_config
+    from registry_coordinator.service import open_database
+    from registry_coordinator.store.sealing_existing import SealedExisting, seal_existing
+
+    config = load_config(args.config)
+    if config.custody.active is None:
+        raise _KeysUsage(
+            f"{args.config} has no custody keys to seal with: give custody: "
+            '{keys: {"1": file:/etc/registry-coordinator/kek-1}, active: 1} (keys generate)'
+        )
+    done: list[SealedExisting] = []
+    terminal = sys.stderr.isatty()
+
+    def progress(at: int, of: int) -> None:
+        if terminal:
+            print(f"\rsealing runs: {at} of {of}", end="", file=sys.stderr, flush=True)
+
+    async def run() -> None:
+        # As serve would, it makes the shared key if no start has since custody came.
+        async with open_database(config, "coordinator/keys", serving=True) as db:
+            done.append(await seal_existing(db, progress))
+
+    configure_logging()
+    run_service(run)
+    if terminal:
+        print(file=sys.stderr)
+    [sealed] = done
+    live = (
+        f"; {sealed.live} written in clear have not ended: run keys seal again once they have"
+        if sealed.live
+        else "; every run's values are sealed"
+    )
+    print(
+        f"sealed {sealed.runs} ended runs written before custody ({sealed.sendings} sendings) "
+        f"under the installation's shared key; their histories stay as written{live}"
     )
     return ExitCode.OK
 

@@ -40,6 +40,7 @@ POINTS = (
     "archive-committed",
     "mid-rotation",
     "mid-erasure",
+    "mid-sealing",
 )
 
 

@@ -914,8 +914,11 @@ async def history(db: Database, run_id: uuid.UUID) -> list[HistoryEvent]:
     data_key = events[0]["data_key"] if events else None
     if data_key is not None:
         sealer = sealer_for(db.sealer, run_id)
+        since = events[0]["sealed_from"] or 1  # a run sealed later: its events as written
         events = [
             {**row, "detail": sealer.open_detail(run_id, row["step"], row["detail"], data_key)}
+            if row["seq"] >= since
+            else row
             for row in events
         ]
     return [HistoryEvent.from_row(row) for row in events]

@@ -197,7 +197,10 @@ WHERE r.id = %(id)s;
 
 -- name: run_history
 -- A run's history events in order, each with its hash and its run's data key (NULL: in clear).
-SELECT e.seq, e.at, e.kind, e.step, e.actor, e.detail, encode(e.hash, 'hex') AS hash, r.data_key
+--
+-- sealed_from: the first event written sealed, for a run sealed after it was written.
+SELECT e.seq, e.at, e.kind, e.step, e.actor, e.detail, encode(e.hash, 'hex') AS hash, r.data_key,
+       r.sealed_from
 FROM run_events e JOIN runs r ON r.id = e.run_id
 WHERE e.run_id = %(id)s ORDER BY e.seq;
 
@@ -1318,3 +1321,42 @@ SELECT e.run_id AS id, e.step, e.attempt, e.method, e.url, e.idempotency_key, e.
 FROM executions e JOIN runs r ON r.id = e.run_id
 WHERE r.data_key = ANY (%(keys)s::bigint[])
 ORDER BY r.admitted_at, e.run_id, e.sealed_at, e.attempt;
+
+-- name: clear_ended_runs
+-- A page of ended runs written before custody (values in clear), in id order.
+SELECT id FROM runs
+WHERE data_key IS NULL AND ended_at IS NOT NULL AND id > %(after)s
+ORDER BY id LIMIT 100;
+
+-- name: clear_runs_counted
+-- How many runs written before custody have ended (to seal) and have not (sealed later).
+SELECT count(*) FILTER (WHERE ended_at IS NOT NULL) AS ended,
+       count(*) FILTER (WHERE ended_at IS NULL) AS live
+FROM runs WHERE data_key IS NULL;
+
+-- name: lock_clear_run
+-- An ended run written before custody, locked to be sealed, with its values.
+SELECT id, data_key, input, outputs, output FROM runs
+WHERE id = %(id)s AND data_key IS NULL AND ended_at IS NOT NULL FOR UPDATE;
+
+-- name: clear_sendings
+-- The sendings of a run written before custody, as they were written (in clear).
+SELECT run_id AS id, NULL::bigint AS data_key, step, attempt, url, headers, body, response,
+       late_response
+FROM executions WHERE run_id = %(id)s;
+
+-- name: seal_clear_run
+-- A run written before custody: its values sealed under the shared key from now on.
+--
+-- Its events stay as written: sealed_from is past its last one.
+UPDATE runs
+SET input = %(input)s, outputs = %(outputs)s, output = %(output)s, data_key = %(data_key)s,
+    sealed_from = seq + 1
+WHERE id = %(id)s AND data_key IS NULL;
+
+-- name: seal_clear_sending
+-- One sending of a run written before custody, sealed where seal_clear_run seals the run.
+UPDATE executions
+SET url = %(url)s, headers = %(headers)s, body = %(body)s, response = %(response)s,
+    late_response = %(late_response)s
+WHERE run_id = %(id)s AND step = %(step)s AND attempt = %(attempt)s;
