@@ -19,7 +19,7 @@ from registry_coordinator.authoring.artifact import check_source
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.expressions import format_instant
 from registry_coordinator.semantics import bundles
-from registry_coordinator.semantics.chain import Event
+from registry_coordinator.semantics.chain import Event, canonical, parse
 from registry_coordinator.semantics.checkpoints import Leaf, sign
 from registry_coordinator.semantics.replay import Diverged, Record, replay
 from registry_coordinator.semantics.steps import Finished, RunRecord, enter
@@ -180,6 +180,9 @@ def test_a_call_completes_only_on_a_success_with_an_answer_its_operation_gives()
     events, record = lookup_history(200, body)
     assert replay(LOOKUP, RUN, events, record).ended == "finished"
     assert diverges(*lookup_history(500, body), LOOKUP).seq == 4
+    read_back = parse(canonical({"status": 500}))  # as a bundle's events are read
+    refused = changed(events, 3, detail={"attempt": 1, **read_back})
+    assert diverges(refused, record, LOOKUP).seq == 4
     unusable = replace(record, outputs={"read": {"data": "not a record"}})
     assert diverges(events, unusable, LOOKUP).seq == 4
     assert diverges(events, replace(record, outputs={}), LOOKUP).seq == 4

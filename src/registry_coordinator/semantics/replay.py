@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal  # a bundle's numbers, as the chain's canonical form parses them
 
 from registry_coordinator.authoring.canonical import JSON, canonical_bytes
 from registry_coordinator.authoring.definition import Definition
@@ -186,7 +187,7 @@ def _follow(walk: _Walk, event: Event) -> None:
             walk.status = None
         case "call-answered":
             status = detail.get("status")
-            walk.status = int(status) if isinstance(status, int | float) else None
+            walk.status = int(status) if isinstance(status, int | Decimal) else None
         case _:  # a product's or an operator's act, at the run's step
             pass
 
