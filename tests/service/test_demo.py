@@ -23,6 +23,10 @@ def test_the_demo_ends_approved_and_notified_and_runs_again(tmp_path: Path) -> N
     assert "await_decision: the product said review-decision is there" in first.stdout
     assert "await_decision: read the result, as the product had said" in first.stdout
     assert "await_delivery: read the result: " in first.stdout  # Messaging is only read
+    assert "at route: took case 1 -> notify" in first.stdout  # replayed from its record
+    assert (
+        "decisions follow from its record, signed by the key given; ended finished" in first.stdout
+    )
     # The review command as printed works pasted into a fresh shell: with the stand-ins'
     # staff token before it (the interactive test below runs it so).
     [review] = [line for line in first.stdout.splitlines() if "coordinator review " in line]

@@ -4,9 +4,10 @@ The demo does what docs/tutorial.md shows by hand, with the same commands, and
 says each one as it runs it: package and pin the workflow, start the stand-in
 products and Coordinator (on the embedded PostgreSQL), start a run, follow it,
 have the stand-in reviewer approve, print the run's history, and export it as an
-auditor's bundle that is checked offline with the public key alone. Everything it
-keeps — database, artifact, configuration, keys, tokens, logs — lives in one
-directory, so a second demo continues where the first left off.
+auditor's bundle that is checked offline with the public key alone, and whose record
+replays the run's decisions. Everything it keeps — database, artifact, configuration,
+keys, tokens, logs — lives in one directory, so a second demo continues where the first
+left off.
 
 The stand-ins and the service run as child processes in their own sessions:
 Ctrl-C reaches only the demo, which then stops them in order (the service first,
@@ -210,13 +211,19 @@ class Demo:
         return kek
 
     def audit(self, config: Path, run_id: str) -> None:
-        """Export the run's bundle and check it as an auditor would, offline."""
-        say("\n7. For an auditor: the run's history, signed, checked without the database")
+        """Export the run's bundle and check it as an auditor would, offline; then its
+        auditor's bundle, whose record replays the run's decisions."""
+        say("\n7. For an auditor: the run's history, signed, checked without the database,")
+        say("   and its decisions taken again from what they were made on")
         bundle = self.data / f"{run_id}.bundle.json"
+        replayable = self.data / f"{run_id}.replay.json"
         public = self.data / "audit-key.pub"
+        export: list[str | Path] = ["audit", "export", "--config", config, "--run", run_id]
         steps: tuple[list[str | Path], ...] = (
-            ["audit", "export", "--config", config, "--run", run_id, "--out", bundle],
+            [*export, "--out", bundle],
             ["audit", "verify", "--bundle", bundle, "--public-key", public],
+            [*export, "--record", "--out", replayable],
+            ["audit", "replay", "--bundle", replayable, "--public-key", public],
         )
         for words in steps:
             command(*words)
