@@ -28,7 +28,8 @@ def _retry_same_as_ada(page: Page, service: Service, run: str) -> None:
     """Ada signed in, on the run's page, at the retry-same form."""
     page.goto(service.url + "/console/")
     page.get_by_role("button", name="Sign in as ada").click()
-    expect(page.get_by_text("Signed in as")).to_be_visible()
+    # The console's own header, past the signed-in page whose refresh would abort a goto.
+    expect(page.locator(".who").get_by_text("Signed in as")).to_be_visible()
     page.goto(f"{service.url}/console/runs/{run}")
     page.get_by_role("link", name="Retry the same request…").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Retry the same request")
