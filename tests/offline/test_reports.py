@@ -48,6 +48,10 @@ def test_another_key_and_another_spelling_are_refused() -> None:
     extract = reports.write({"subject": "a-1", "runs": []}, KEY)
     with pytest.raises(Refused, match="signed by another key"):
         reports.check(extract, OTHER.public_key())
+    head, signature = extract.split(b'"signature":"')
+    shouted = head + b'"signature":"' + signature.upper()  # the same bytes, spelt otherwise
+    with pytest.raises(Refused, match="lower-case hex"):
+        reports.check(shouted, KEY.public_key())
     spaced = extract.replace(b'"runs":[]', b'"runs": []')
     with pytest.raises(Refused, match="canonical form"):
         reports.check(spaced, KEY.public_key())

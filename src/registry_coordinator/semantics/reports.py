@@ -11,6 +11,7 @@ or leaves text that is not the canonical form. Pure: no database, no configurati
 from __future__ import annotations
 
 import json
+import re
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -23,6 +24,7 @@ from registry_coordinator.semantics.checkpoints import key_id
 FORMAT = "registry-coordinator.subject-report/v1"
 _KEYS = {"format", "key", "report", "signature"}
 _LABEL = b"registry-coordinator/subject-report/1\n"
+_HEX64 = re.compile(r"[0-9a-f]{128}")  # one spelling of a signature: bytes.fromhex takes A-F too
 
 
 def write(report: JSON, key: Ed25519PrivateKey) -> bytes:
@@ -61,9 +63,11 @@ def check(data: bytes, key: Ed25519PublicKey) -> JSON:
     if document["key"] != key_id(key):
         raise Refused("it was signed by another key than the one given")
     signature = document["signature"]
+    if not isinstance(signature, str) or not _HEX64.fullmatch(signature):
+        raise Refused("its signature is not what the format says (lower-case hex)")
     try:
         key.verify(
-            bytes.fromhex(signature if isinstance(signature, str) else ""),
+            bytes.fromhex(signature),
             _LABEL + canonical(document["report"]).encode("utf-8"),
         )
     except (InvalidSignature, ValueError):
