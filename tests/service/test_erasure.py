@@ -11,6 +11,7 @@ new key, also one that raced the erasure. No subject id reaches the service's lo
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import uuid
@@ -314,6 +315,28 @@ def test_a_sealed_runs_decisions_replay_from_its_auditors_bundle_until_erased(
     assert holds.returncode == 0, holds.stdout
 
 
+def _decided_reviews(dsn: str, service: Service, products: Any, *subjects: str) -> list[str]:
+    """One review for each of ``subjects``, decided and pushed: its run finished, and the
+    request id the delivery's key names, in order."""
+    requests = []
+    for subject in subjects:
+        request = new_review(products)
+        run = service.start_run("subject-review", {"requestId": request, "applicantId": subject})
+        wait_state(dsn, run, RunState.WAITING)
+        decide(products, request)
+        push(service, request, f"evt-{request}")
+        wait_state(dsn, run, RunState.FINISHED)
+        requests.append(request)
+    return requests
+
+
+def _payloads(dsn: str) -> dict[str, bool]:
+    """Whether each delivery (by key) still holds its payload."""
+    with sync_connection(dsn) as conn:
+        rows = conn.execute("SELECT key, payload IS NOT NULL AS held FROM deliveries")
+        return {row["key"]: row["held"] for row in rows.fetchall()}
+
+
 def test_the_webhook_payloads_an_erased_subjects_runs_waited_for_are_forgotten(
     dsn: str, services: Services
 ) -> None:
@@ -323,20 +346,9 @@ def test_the_webhook_payloads_an_erased_subjects_runs_waited_for_are_forgotten(
     service, products = services.deploy(["subject-review"], pushing())
     products.feed_read()
     erased, kept = f"applicant-{uuid.uuid4()}", f"applicant-{uuid.uuid4()}"
-    requests = {}
-    for subject in (erased, kept):
-        request = new_review(products)
-        run = service.start_run("subject-review", {"requestId": request, "applicantId": subject})
-        wait_state(dsn, run, RunState.WAITING)
-        decide(products, request)
-        push(service, request, f"evt-{request}")
-        wait_state(dsn, run, RunState.FINISHED)
-        requests[subject] = request
-
-    def payloads() -> dict[str, bool]:
-        with sync_connection(dsn) as conn:
-            rows = conn.execute("SELECT key, payload IS NOT NULL AS held FROM deliveries")
-            return {row["key"]: row["held"] for row in rows.fetchall()}
+    decided = _decided_reviews(dsn, service, products, erased, kept)
+    requests = dict(zip((erased, kept), decided, strict=True))
+    payloads = functools.partial(_payloads, dsn)
 
     assert payloads() == {requests[erased]: True, requests[kept]: True}
     assert _erase(service, erased, "on request")[0] == 200
@@ -346,3 +358,26 @@ def test_the_webhook_payloads_an_erased_subjects_runs_waited_for_are_forgotten(
         conn.execute("UPDATE deliveries SET key = 'moved' WHERE key = %s", (requests[kept],))
     assert push(service, requests[erased], f"evt-{requests[erased]}").status_code == 204
     assert len(payloads()) == 2  # the repeat is known by its event id, and kept once
+
+
+def test_an_archived_runs_webhook_payload_is_forgotten_with_its_history(
+    dsn: str, services: Services
+) -> None:
+    """Archiving a run takes its waiting events to its bundle, where an erasure could no
+    longer find the deliveries it waited for: the archiving forgets their payloads (the
+    row stays, and a repeat is still known as one), and leaves whole the payload of a
+    delivery that came before any run waited for it."""
+    keys, archive = services.directory / "keys", services.directory / "archive"
+    retention = {"archiveAfter": "PT1S", "directory": str(archive), "every": "PT1S"}
+    service, products = services.deploy(
+        ["subject-review"], pushing(), extra={**signing(keys), "retention": retention}
+    )
+    products.feed_read()
+    early = new_review(products)
+    decide(products, early)
+    push(service, early, f"evt-{early}")  # no run waits for it yet
+    [archived] = _decided_reviews(dsn, service, products, f"applicant-{uuid.uuid4()}")
+    wait_for(dsn, "SELECT count(*) FROM archived_runs", 1)
+    assert _payloads(dsn) == {archived: False, early: True}
+    push(service, archived, f"evt-{archived}")
+    assert len(_payloads(dsn)) == 2

@@ -45,6 +45,15 @@ from tests.support import (
 #: The schema version before the one this upgrade is about.
 PREVIOUS = 8
 
+
+def defined(version: int, function: str) -> str:
+    """The statement of migration ``version`` that creates ``function``: a reversal that
+    puts back a function's earlier body takes it from where it was written."""
+    sql = next(m.sql for m in migrations.known() if m.version == version)
+    start = sql.index(f"CREATE FUNCTION {function}(")
+    return sql[start : sql.index("$$;", sql.index("$$", start) + 2) + 3]
+
+
 #: How to take a database back from each migration after :data:`PREVIOUS` to the one
 #: before it, newest first when applied; each ends by unrecording its version as
 #: ``migrations.migrate`` records it (a row of ``coordinator_migrations``). Objects are
@@ -133,6 +142,16 @@ REVERSALS: dict[int, str] = {
     20: """
         ALTER TABLE runs DROP COLUMN sealed_from;
         DELETE FROM coordinator_migrations WHERE version = 20;
+    """,
+    21: f"""
+        DROP FUNCTION remove_archived(uuid[]);
+        DROP FUNCTION forget_deliveries(bigint);
+        DROP FUNCTION waited_for(uuid[]);
+        {defined(14, "remove_archived")}
+        REVOKE ALL ON FUNCTION remove_archived(uuid[]) FROM PUBLIC;
+        {defined(18, "forget_deliveries")}
+        REVOKE ALL ON FUNCTION forget_deliveries(bigint) FROM PUBLIC;
+        DELETE FROM coordinator_migrations WHERE version = 21;
     """,
 }
 
