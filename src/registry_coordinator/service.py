@@ -223,6 +223,7 @@ async def _supervise(
     context = Context(db, workflows, timer, products, listener, auth, after, issuer, mark)
     context.recovery = recovery
     context.signing_key = config.audit.signing_key
+    context.archive = config.retention.directory
     app = create_app(context, config.request_body_limit, without=ADMIN if config.admin else ())
     systemd = Notifier()
     systemd.status("starting")

@@ -1,9 +1,10 @@
 """What the service holds and did for one data subject, asked as a subject-access request
 would ask it: every run of the subject, in the database (what it held, every request it
-sent and what the product answered) and archived (with its bundle), and none of anyone
-else's, as an extract signed with the audit key that verifies offline and refuses a
-changed byte. After the subject's erasure the report still lists the runs and their
-effects, with what they held null.
+sent and what the product answered) and archived (with its bundle, and the requests its
+history says it sent, read from the bundle), and none of anyone else's, as an extract
+signed with the audit key that verifies offline and refuses a changed byte. After the
+subject's erasure the report still lists the runs and their effects, with what they held
+null; an archived run whose bundle is changed or gone is listed with why, never guessed.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def test_a_subjects_report_lists_its_runs_and_effects_signed(
     assert run["outcomesUnknown"] == 0
     [gone] = report["archived"]
     assert gone["run"] == ended and gone["state"] == "finished" and gone["bundle"]
+    [sent] = gone["sendings"]  # read from its bundle: the answer left with the hot tables
+    assert sent["method"] == "GET" and ended_record in sent["url"] and gone["unread"] is None
+    assert (sent["effect"], sent["status"], sent["answer"]) == ("answered", 200, None)
     assert theirs not in str(report)
 
     out = tmp_path / "report.json"
@@ -88,7 +92,17 @@ def test_a_subjects_report_lists_its_runs_and_effects_signed(
     [run] = after["runs"]
     assert run["erased"] and run["input"] is None and run["state"] == "cancelled"
     assert [s["url"] for s in run["sendings"]] == [None] and run["sendings"][0]["status"] == 200
-    assert after["keys"][0]["erasedAt"] is not None and after["archived"][0]["erased"]
+    [gone] = after["archived"]
+    assert after["keys"][0]["erasedAt"] is not None and gone["erased"]
+    assert [(s["url"], s["status"]) for s in gone["sendings"]] == [(None, 200)]
+
+    bundle = archive / gone["bundle"]
+    bundle.write_bytes(bundle.read_bytes().replace(b'"seq":1', b'"seq":9'))
+    [changed] = _report(service, public, subject)["archived"]
+    assert changed["sendings"] is None and "sha256 differs" in changed["unread"]
+    bundle.unlink()
+    [missing] = _report(service, public, subject)["archived"]
+    assert missing["sendings"] is None and "cannot be read" in missing["unread"]
 
     unknown = service.http.post("/v1/subject-reports", json={"subject": "nobody"})
     assert unknown.status_code == 404 and unknown.json()["code"] == "subject.unknown"

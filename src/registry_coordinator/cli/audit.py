@@ -133,7 +133,10 @@ def _subject_report(args: argparse.Namespace) -> int:
     written: list[bytes] = []
 
     async def work(db: Database) -> None:
-        written.append(await subjects.extract(db, args.subject, datetime.now(UTC), key))
+        now = datetime.now(UTC)
+        written.append(
+            await subjects.extract(db, args.subject, now, key, config.retention.directory)
+        )
 
     _audit_database(config, work)
     _write_atomically(args.out, written[0])

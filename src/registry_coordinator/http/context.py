@@ -8,6 +8,7 @@ a request can reach is exactly what is here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -42,6 +43,8 @@ class Context:
     recovery: str | None = None
     #: The audit key subject reports are signed with (None: none is configured).
     signing_key: Ed25519PrivateKey | None = None
+    #: Where archived runs' bundles are (``retention.directory``; None: not configured).
+    archive: Path | None = None
 
     @property
     def metrics(self) -> Metrics:

@@ -92,7 +92,9 @@ async def report(context: Context) -> Response:
             "give audit: {signingKey: file:/path/to/audit-key.pem}",
         )
     try:
-        signed = await subjects.extract(context.db, subject, datetime.now(UTC), context.signing_key)
+        signed = await subjects.extract(
+            context.db, subject, datetime.now(UTC), context.signing_key, context.archive
+        )
     except keys.SubjectUnknown as exc:
         raise Problem(404, "subject.unknown", str(exc)) from None
     return Response(signed, status=200, content_type="application/json")

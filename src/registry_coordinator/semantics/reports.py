@@ -5,20 +5,27 @@ An extract is one line of canonical JSON, ``{"format", "key", "report", "signatu
 the signature is Ed25519 over a fixed label and the canonical text of ``report``, and
 ``key`` names the signer (its raw public key in hex). :func:`check` refuses any other
 spelling of the same content, so a changed byte either changes what the signature covers
-or leaves text that is not the canonical form. Pure: no database, no configuration.
+or leaves text that is not the canonical form.
+
+An archived run keeps no sendings, only its history: :func:`sendings` reads from its events
+what it sent and what became of each request, in the shape the report gives a run's
+sendings in the database — without the product's answer, which left with the hot tables.
+Pure: no database, no configuration.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
+from decimal import Decimal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.semantics.bundles import Refused
-from registry_coordinator.semantics.chain import canonical, parse
+from registry_coordinator.semantics.chain import Event, canonical, parse
 from registry_coordinator.semantics.checkpoints import key_id
 
 FORMAT = "registry-coordinator.subject-report/v1"
@@ -74,3 +81,52 @@ def check(data: bytes, key: Ed25519PublicKey) -> JSON:
         raise Refused("its signature does not hold: it was changed since it was signed") from None
     report: JSON = document["report"]
     return report
+
+
+#: What each event that settles a request says became of it, as the report words it.
+_SETTLED = {"call-answered": "answered", "call-not-sent": "not sent", "call-lost": "unknown"}
+
+
+def _count(value: JSON) -> JSON:
+    """An attempt or a status as JSON writes it: a bundle's parser reads numbers as
+    :class:`~decimal.Decimal`, and these are whole."""
+    return int(value) if isinstance(value, Decimal) and value == int(value) else value
+
+
+def sendings(events: Iterable[Event]) -> list[JSON]:
+    """The requests a history says its run sent, in order: each ``call-dispatched``, with
+    what the event settling the same step's attempt says became of it (``unknown`` if
+    none did) and a late answer's status. ``events``' details as their readers see them
+    (a sealed URL opened, or null once erased)."""
+    sent: dict[tuple[str, object], dict[str, JSON]] = {}
+    for event in events:
+        detail = event.detail if isinstance(event.detail, dict) else {}
+        at = (event.step, _count(detail.get("attempt")))
+        if event.kind == "call-dispatched":
+            sent[at] = {
+                "step": event.step,
+                "attempt": at[1],
+                "method": detail.get("method"),
+                "url": detail.get("url"),
+                "idempotencyKey": None,  # a history does not name it
+                "sealedAt": event.at,
+                "dispatchedAt": event.at,
+                "settledAt": None,
+                "effect": "unknown",
+                "status": None,
+                "answer": None,
+                "lateAnswer": None,
+            }
+        elif at in sent and event.kind in _SETTLED and sent[at]["settledAt"] is None:
+            sent[at] |= {
+                "settledAt": event.at,
+                "effect": _SETTLED[event.kind],
+                "status": _count(detail.get("status")),
+            }
+        elif at in sent and event.kind == "late-answer":
+            sent[at]["lateAnswer"] = {
+                "status": detail.get("status"),
+                "at": event.at,
+                "answer": None,
+            }
+    return list(sent.values())
