@@ -16,7 +16,7 @@ from typing import Any
 from registry_coordinator.semantics import reports
 from registry_coordinator.semantics.checkpoints import public_key
 from registry_coordinator.semantics.codes import RunState
-from tests.support import Services, coordinator, signing, wait_for, wait_state
+from tests.support import Forms, Services, coordinator, signing, wait_for, wait_state
 
 RECORDS: dict[str, tuple[str, dict[str, str]]] = {"records": ("breg", {})}
 PAST, LATER = "2020-01-01T00:00:00Z", "2099-01-01T00:00:00Z"
@@ -106,3 +106,40 @@ def test_a_subjects_report_lists_its_runs_and_effects_signed(
 
     unknown = service.http.post("/v1/subject-reports", json={"subject": "nobody"})
     assert unknown.status_code == 404 and unknown.json()["code"] == "subject.unknown"
+
+
+def test_an_operator_reads_and_downloads_a_subjects_report_in_the_console(
+    dsn: str, services: Services
+) -> None:
+    """Asked on a form, shown on the page its POST gets, and downloaded as the signed
+    extract the API gives; an unknown subject is refused on the form; the subject never
+    goes into a URL."""
+    keys = services.directory / "keys"
+    service, _ = services.deploy(["subject-lookup"], RECORDS, extra=signing(keys))
+    subject, record = f"applicant-{uuid.uuid4()}", str(uuid.uuid4())
+    run = service.start_run(
+        "subject-lookup", {"recordId": record, "applicantId": subject, "until": LATER}
+    )
+    wait_state(dsn, run, RunState.WAITING)
+    origin = {"Origin": service.url}
+
+    asked = service.http.get("/console/subject-reports")
+    assert asked.status_code == 200 and 'href="/console/subject-reports"' in asked.text
+    form = Forms(asked.text).by_button("Show the report")
+    unknown = service.http.post(
+        form.action, data={**form.fields, "subject": "nobody"}, headers=origin
+    )
+    assert unknown.status_code == 404 and "subject.unknown" in unknown.text
+    shown = service.http.post(form.action, data={**form.fields, "subject": subject}, headers=origin)
+    assert shown.status_code == 200, shown.text
+    assert f'href="/console/runs/{run}"' in shown.text and f"/{record}?" in shown.text
+    assert "answered (200)" in shown.text and "Archived runs (0)" in shown.text
+
+    download = Forms(shown.text).by_button("Download the signed report")
+    extract = service.http.post(download.action, data=dict(download.fields), headers=origin)
+    assert extract.status_code == 200 and "attachment" in extract.headers["content-disposition"]
+    report = reports.check(extract.content, public_key((keys / "audit-key.pub").read_bytes()))
+    assert isinstance(report, dict) and [r["run"] for r in report["runs"]] == [run]
+    assert all(subject not in str(r.url) for r in (asked, unknown, shown, extract))
+    forged = service.http.post(download.action, data=dict(download.fields))  # no Origin
+    assert forged.status_code == 403 and "console.forged-request" in forged.text

@@ -1,7 +1,8 @@
 """Data subjects (docs/custody.md): ``POST /v1/erasures`` destroys one subject's data key,
 for operators only, with a reason (:func:`erase_subject`, which the console calls too);
 ``POST /v1/subject-reports`` answers what the service holds and did for one subject, as
-an extract signed with the audit key (:mod:`audit.subjects`), for operators only.
+an extract signed with the audit key (:mod:`audit.subjects`), for operators only
+(:func:`signed_report`, which the console calls too).
 
 The subject's id comes in the body, never in a path or a query: an access log, a proxy's
 log or a trace holds paths, and an id may be a national one. The log line and the answer
@@ -82,8 +83,15 @@ async def report(context: Context) -> Response:
     ``coordinator subject report`` writes it; 404 ``subject.unknown``; 409
     ``subject.report-unsigned`` when the service has no audit signing key."""
     who = await authenticated(context)
+    signed = await signed_report(context, who, await body_json())
+    return Response(signed, status=200, content_type="application/json")
+
+
+async def signed_report(context: Context, who: Caller, body: JSON) -> bytes:
+    """The signed report ``body`` asks for, by ``who`` (an operator, checked first), as
+    the API and the console give it; refused with a Problem."""
     who.require_operator()
-    subject = asked_subject(await body_json())
+    subject = asked_subject(body)
     if context.signing_key is None:
         raise Problem(
             409,
@@ -92,9 +100,8 @@ async def report(context: Context) -> Response:
             "give audit: {signingKey: file:/path/to/audit-key.pem}",
         )
     try:
-        signed = await subjects.extract(
+        return await subjects.extract(
             context.db, subject, datetime.now(UTC), context.signing_key, context.archive
         )
     except keys.SubjectUnknown as exc:
         raise Problem(404, "subject.unknown", str(exc)) from None
-    return Response(signed, status=200, content_type="application/json")

@@ -8,10 +8,15 @@ event (with the operator and the reason) are the API's — then answers 303 to t
 Both POSTs are checked forms (:func:`visitors.checked_form`): nothing is taken without the
 visitor's CSRF token and the console's origin. A refusal is shown on the action's page with
 the API's words and status; the run is as it was.
+
+The erasure and the subject report take a subject's id, which never goes into a URL: each
+is answered on the page its POST gets, as the API answers it (``subjects.erase_subject``,
+``subjects.signed_report``), and the report's page shows what its signed extract holds.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlencode
 
@@ -262,3 +267,45 @@ async def erasure_take(context: Context) -> Response:
             raise
         return await _erasure_form(context, who, "ask", form, refused=refused)
     return await _erasure_form(context, who, "done", {}, erased=erased)
+
+
+async def _report_form(
+    context: Context, who: Visitor, subject: str, refused: Problem | None = None
+) -> Response:
+    status = refused.status if refused else 200
+    return await page(
+        context, who, "subject_report.html", status, subject=subject, refused=refused, report=None
+    )
+
+
+async def _signed_report(context: Context) -> tuple[Visitor, dict[str, str], bytes | Response]:
+    """The signed report a console form asks for, or the form again with why not."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    try:
+        return who, form, await subjects.signed_report(context, who.caller, dict(form))
+    except Problem as refused:
+        if refused.status in (401, 403):
+            raise
+        return who, form, await _report_form(context, who, form.get("subject", ""), refused)
+
+
+async def subject_report(context: Context) -> Response:
+    """The subject's report as a page, on this answer (the subject never goes into a
+    URL): what was signed, read back from the extract."""
+    who, _, signed = await _signed_report(context)
+    if isinstance(signed, Response):
+        return signed
+    report = json.loads(signed)["report"]
+    return await page(context, who, "subject_report.html", report=report, refused=None)
+
+
+async def subject_extract(context: Context) -> Response:
+    """The subject's signed report, as a file to hand over or keep."""
+    _, _, signed = await _signed_report(context)
+    if isinstance(signed, Response):
+        return signed
+    answer = Response(signed, status=200, content_type="application/json")
+    answer.headers["Content-Disposition"] = 'attachment; filename="subject-report.json"'
+    answer.headers["Cache-Control"] = "no-store"
+    return answer

@@ -1,4 +1,5 @@
-"""The console's pages: held work, runs, a run, workflows, admission, erasure and health.
+"""The console's pages: held work, runs, a run, workflows, admission, erasure, the subject
+report's form and health.
 
 Each is a top-level handler of the shared :class:`Context`, as the API's are, and sees
 exactly what the visitor's token lets the API show: an operator every run, a client only
@@ -321,6 +322,13 @@ async def erasure_page(context: Context) -> Response:
     return await page(
         context, who, "erasure.html", stage="ask", subject="", reason="", refused=None, erased=None
     )
+
+
+async def subject_report_page(context: Context) -> Response:
+    """The form that asks for a data subject's report: operators only."""
+    who = await visitor(context)
+    who.caller.require_operator()
+    return await page(context, who, "subject_report.html", subject="", refused=None, report=None)
 
 
 def _families(metrics: list[Metric]) -> list[dict[str, object]]:

@@ -48,6 +48,8 @@ ROUTES = (
     route("/console/admission/<change>/review", post=actions.admission_review),
     route("/console/erasures", get=pages.erasure_page, post=actions.erasure_take),
     route("/console/erasures/review", post=actions.erasure_review),
+    route("/console/subject-reports", get=pages.subject_report_page, post=actions.subject_report),
+    route("/console/subject-reports/extract", post=actions.subject_extract),
     route("/console/health", get=pages.health_page),
     route("/console/sign-in", get=signin.sign_in),
     route("/console/callback", get=signin.callback),
