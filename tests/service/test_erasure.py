@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import threading
 import uuid
 from typing import Any
@@ -32,11 +33,13 @@ from tests.support import (
     Services,
     coordinator,
     decide,
+    free_port,
     new_review,
     push,
     pushing,
     run_state,
     signing,
+    until,
     wait_for,
     wait_state,
 )
@@ -381,3 +384,52 @@ def test_an_archived_runs_webhook_payload_is_forgotten_with_its_history(
     assert _payloads(dsn) == {archived: False, early: True}
     push(service, archived, f"evt-{archived}")
     assert len(_payloads(dsn)) == 2
+
+
+def _listening(dsn: str) -> set[int]:
+    """The backends LISTENing for the service's notices: one per process's listener."""
+    with sync_connection(dsn) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN coordinator_wake'"
+        ).fetchall()
+    return {row["pid"] for row in rows}
+
+
+def test_another_process_forgets_an_erased_key_also_after_missing_the_notice(
+    dsn: str, services: Services
+) -> None:
+    """A process that opened a subject's data holds its key: erased through another
+    process, it forgets the key when the notice comes — and when it missed the notice
+    (its listener's session gone, the process stopped until after the erasure), once its
+    listener is back and asks which of the keys it holds were erased meanwhile."""
+    erasing, _ = services.deploy(["subject-lookup"], RECORDS)
+    first = _listening(dsn)
+    settings = json.loads(erasing.config.read_text())
+    settings["listen"]["port"] = free_port()
+    config = erasing.config.with_name("reading.json")
+    config.write_text(json.dumps(settings))
+    reading = services.start(config, log=services.directory / "reading.log").wait_listening()
+    [listener] = until(lambda: _listening(dsn) - first, "the second process's listener")
+
+    def output_in_b(run: str) -> object:
+        return reading.status(run)["output"]
+
+    notified, missed = f"applicant-{uuid.uuid4()}", f"applicant-{uuid.uuid4()}"
+    runs = {subject: _start(erasing, subject)[0] for subject in (notified, missed)}
+    for run in runs.values():
+        wait_state(dsn, run, RunState.FINISHED)
+        assert output_in_b(run) is not None  # opened there: the key is held there
+
+    assert _erase(erasing, notified, "on request")[0] == 200
+    until(lambda: output_in_b(runs[notified]) is None, "the notice to be heard")
+    assert reading.http.get("/ready").json()["parts"]["listener"]["reconnects"] == 0
+
+    reading.process.send_signal(signal.SIGSTOP)
+    try:
+        with sync_connection(dsn) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (listener,))
+        assert _erase(erasing, missed, "on request")[0] == 200  # its notice goes unheard
+    finally:
+        reading.process.send_signal(signal.SIGCONT)
+    until(lambda: output_in_b(runs[missed]) is None, "the listener to catch up")
+    assert reading.http.get("/ready").json()["parts"]["listener"]["reconnects"] == 1
