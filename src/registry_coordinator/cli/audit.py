@@ -165,6 +165,14 @@ class _AuditUsage(CoordinatorError):
     exit_code = ExitCode.USAGE
 
 
+def _read(path: Path, what: str) -> bytes:
+    """The bytes of ``path``, which holds ``what``; a usage error naming both otherwise."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise _AuditUsage(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
 def _audit_database(config: Config, work: Callable[[Database], Awaitable[None]]) -> None:
     """Run ``work`` with the configured database, as the audit commands' one step online."""
     from registry_coordinator.service import open_database
@@ -190,10 +198,9 @@ def _audit_key(config: Config, action: str) -> Ed25519PrivateKey:
 def _public_key_file(path: Path) -> Ed25519PublicKey:
     from registry_coordinator.semantics.checkpoints import UnusableKey, public_key
 
+    data = _read(path, "the public key")
     try:
-        return public_key(path.read_bytes())
-    except OSError as exc:
-        raise _AuditUsage(f"cannot read the public key {path}: {exc.strerror}") from None
+        return public_key(data)
     except UnusableKey as exc:
         raise _AuditUsage(f"the public key {path} cannot be used: {exc}") from None
 
@@ -231,10 +238,7 @@ def _verify_report(args: argparse.Namespace) -> int:
     from registry_coordinator.semantics.bundles import Refused
 
     key = _offline_key(args, "report")
-    try:
-        data = args.report.read_bytes()
-    except OSError as exc:
-        raise _AuditUsage(f"cannot read the report {args.report}: {exc.strerror}") from None
+    data = _read(args.report, "the report")
     try:
         report = reports.check(data, key)
     except Refused as exc:
@@ -256,10 +260,7 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     from registry_coordinator.semantics import bundles
 
     key = _offline_key(args, "bundle")
-    try:
-        data = args.bundle.read_bytes()
-    except OSError as exc:
-        raise _AuditUsage(f"cannot read the bundle {args.bundle}: {exc.strerror}") from None
+    data = _read(args.bundle, "the bundle")
     try:
         proven = bundles.check(data, key)
     except bundles.Refused as exc:
@@ -377,10 +378,9 @@ def _kept_checkpoint(path: Path, key: Ed25519PublicKey) -> Checkpoint:
     from registry_coordinator.semantics.chain import parse
     from registry_coordinator.semantics.checkpoints import signed_by
 
+    data = _read(path, "the checkpoint")
     try:
-        kept = bundles.read_checkpoint(parse(path.read_bytes()))
-    except OSError as exc:
-        raise _AuditUsage(f"cannot read the checkpoint {path}: {exc.strerror}") from None
+        kept = bundles.read_checkpoint(parse(data))
     except (ValueError, RecursionError, bundles.Refused) as exc:
         raise _AuditUsage(f"the checkpoint {path} is not one: {exc}") from None
     why = signed_by(kept, key)
@@ -423,10 +423,7 @@ def _audit_replay(args: argparse.Namespace) -> int:
     from registry_coordinator.authoring.diagnostics import Refused as Unloadable
     from registry_coordinator.semantics import bundles, replay
 
-    try:
-        data = args.bundle.read_bytes()
-    except OSError as exc:
-        raise _AuditUsage(f"cannot read the bundle {args.bundle}: {exc.strerror}") from None
+    data = _read(args.bundle, "the bundle")
     named = args.public_key is None
     try:
         key = bundles.named_key(data) if named else _public_key_file(args.public_key)

@@ -11,13 +11,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from registry_coordinator.errors import CoordinatorError, ExitCode
 
 if TYPE_CHECKING:
     from registry_coordinator.cli.tree import Commands, Handler
+    from registry_coordinator.config import Config
+    from registry_coordinator.store.database import Database
+
+T = TypeVar("T")
+#: Told ``(done, of)`` as a pass goes.
+Progress = Callable[[int, int], None]
 
 
 def add_commands(commands: Commands) -> None:
@@ -60,34 +67,51 @@ def new_secret_command(actions: Commands, name: str, summary: str) -> None:
     made.add_argument("--out", type=Path, required=True, metavar="FILE", help="never replaced")
 
 
-def _rotate(args: argparse.Namespace) -> int:
+def _custody_pass(
+    args: argparse.Namespace,
+    refused: str,
+    doing: str,
+    work: Callable[[Database, Config, Progress], Awaitable[T]],
+    serving: bool = False,
+) -> T:
+    """One pass of ``work`` over the database of ``--config``, whose custody keys it needs
+    (``refused`` says what for, and how to give them), its progress shown on a terminal
+    as ``doing: N of M``; what it gives. ``serving``: the database is opened as ``serve``
+    opens it, making the shared key if no start has since custody came."""
     from registry_coordinator.cli.service import configure_logging, run_service
     from registry_coordinator.config import load_config
     from registry_coordinator.service import open_database
-    from registry_coordinator.store import keys
-    from registry_coordinator.store.keys import Rotated
 
     config = load_config(args.config)
     if config.custody.active is None:
-        raise _KeysUsage(
-            f"{args.config} has no custody keys to rotate to: give custody: "
-            '{keys: {"1": file:/old, "2": file:/new}, active: 2}'
-        )
-    done: list[Rotated] = []
+        raise _KeysUsage(f"{args.config} has no custody keys {refused}")
+    done: list[T] = []
     terminal = sys.stderr.isatty()
 
     def progress(at: int, of: int) -> None:
         if terminal:
-            end = "\n" if at == of else ""
-            print(f"\rrotating data keys: {at} of {of}", end=end, file=sys.stderr, flush=True)
+            print(f"\r{doing}: {at} of {of}", end="", file=sys.stderr, flush=True)
 
     async def run() -> None:
-        async with open_database(config, "coordinator/keys") as db:
-            done.append(await keys.rotate(db, config.custody, progress))
+        async with open_database(config, "coordinator/keys", serving=serving) as db:
+            done.append(await work(db, config, progress))
 
     configure_logging()
     run_service(run)
-    [rotated] = done
+    if terminal:
+        print(file=sys.stderr)
+    return done[0]
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    from registry_coordinator.store import keys
+
+    rotated = _custody_pass(
+        args,
+        'to rotate to: give custody: {keys: {"1": file:/old, "2": file:/new}, active: 2}',
+        "rotating data keys",
+        lambda db, config, progress: keys.rotate(db, config.custody, progress),
+    )
     others = [v for v in rotated.still if v != rotated.active]
     left = (
         f"data keys are still wrapped under versions {', '.join(map(str, others))}: "
@@ -105,34 +129,16 @@ def _rotate(args: argparse.Namespace) -> int:
 
 
 def _seal(args: argparse.Namespace) -> int:
-    from registry_coordinator.cli.service import configure_logging, run_service
-    from registry_coordinator.config import load_config
-    from registry_coordinator.service import open_database
-    from registry_coordinator.store.sealing_existing import SealedExisting, seal_existing
+    from registry_coordinator.store.sealing_existing import seal_existing
 
-    config = load_config(args.config)
-    if config.custody.active is None:
-        raise _KeysUsage(
-            f"{args.config} has no custody keys to seal with: give custody: "
-            '{keys: {"1": file:/etc/registry-coordinator/kek-1}, active: 1} (keys generate)'
-        )
-    done: list[SealedExisting] = []
-    terminal = sys.stderr.isatty()
-
-    def progress(at: int, of: int) -> None:
-        if terminal:
-            print(f"\rsealing runs: {at} of {of}", end="", file=sys.stderr, flush=True)
-
-    async def run() -> None:
-        # As serve would, it makes the shared key if no start has since custody came.
-        async with open_database(config, "coordinator/keys", serving=True) as db:
-            done.append(await seal_existing(db, progress))
-
-    configure_logging()
-    run_service(run)
-    if terminal:
-        print(file=sys.stderr)
-    [sealed] = done
+    sealed = _custody_pass(
+        args,
+        'to seal with: give custody: {keys: {"1": file:/etc/registry-coordinator/kek-1}, '
+        "active: 1} (keys generate)",
+        "sealing runs",
+        lambda db, config, progress: seal_existing(db, progress),
+        serving=True,
+    )
     live = (
         f"; {sealed.live} written in clear have not ended: run keys seal again once they have"
         if sealed.live
