@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry_coordinator.authoring.diagnostics import Refused
-from registry_coordinator.config import ClientCredentials, TracingConfig, load_config
+from registry_coordinator.config import ClientCredentials, Rate, TracingConfig, load_config
 from registry_coordinator.engine.workflows import load_service
 from tests.support import ROOT, coordinator, package, refused
 
@@ -241,3 +241,27 @@ def test_a_connection_bound_to_no_product_kind_asks_did_you_mean(
         "'messagingg', which is no product kind"
     )
     assert problem.repair == "did you mean product: messaging?"
+
+
+def test_a_connections_rate_is_read_with_a_seconds_worth_of_burst_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_TOKEN", "t")
+    path = tmp_path / "config.yaml"
+    head = "database: {embedded: {dataDirectory: pg}}\nworkflows: []\nauth: {mode: none}\n"
+
+    def connection(rate: str) -> str:
+        return (
+            "connections:\n"
+            "  notices: {product: messaging, baseUrl: 'http://127.0.0.1:1',"
+            f" identity: {{bearer: env:STANDIN_TOKEN}}, rate: {rate}}}\n"
+        )
+
+    path.write_text(head + connection("{perSecond: 40}"))
+    assert load_config(path).connections["notices"].rate == Rate(40, 40)
+    path.write_text(head + connection("{perSecond: 40, burst: 5}"))
+    assert load_config(path).connections["notices"].rate == Rate(40, 5)
+    path.write_text(head + connection("{perSecond: 0, bursts: 5}"))
+    assert sorted(refused(path)) == [("config.invalid-value", 5), ("field.unknown", 5)]
+    path.write_text(head + connection("{burst: 5}"))
+    assert [code for code, _ in refused(path)] == ["field.missing"]

@@ -27,7 +27,7 @@ from registry_coordinator.config.auth import (
     AuthConfig,
     Policy,
 )
-from registry_coordinator.config.connections import EXTERNAL, Completions, ConnectionConfig
+from registry_coordinator.config.connections import EXTERNAL, Completions, ConnectionConfig, Rate
 from registry_coordinator.config.console import ConsoleConfig
 from registry_coordinator.config.custody import CustodyConfig
 from registry_coordinator.config.database import DatabaseConfig, has_password
@@ -72,6 +72,7 @@ __all__ = [
     "PinnedWorkflow",
     "Policy",
     "Problems",
+    "Rate",
     "RetentionConfig",
     "TaskAuthority",
     "TracingConfig",

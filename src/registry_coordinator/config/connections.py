@@ -51,6 +51,14 @@ class Completions:
 
 
 @dataclass(frozen=True)
+class Rate:
+    """A connection's request rate: ``per_second`` on average, ``burst`` at once."""
+
+    per_second: int
+    burst: int
+
+
+@dataclass(frozen=True)
 class ConnectionConfig:
     name: str
     product: str
@@ -75,6 +83,8 @@ class ConnectionConfig:
     feed_poll: timedelta = timedelta(seconds=30)  # how often a result feed is read
     #: An external connection's review: what may be read, and what its answers must fit.
     external: Reviewed | None = None
+    #: The requests per second it takes (engine.pacing); None: as many as the pool sends.
+    rate: Rate | None = None
 
     def binding(self) -> dict[str, JSON]:
         """What a request sealed over this connection is bound to, without a secret: its
@@ -166,6 +176,7 @@ _PRODUCT_OPTIONAL = [
     "observationIdentity",
     "completions",
     "verification",
+    "rate",
 ]
 
 
@@ -208,6 +219,7 @@ def _product_connection(
         else None
     )
     verification = _verification(reader, item.get("verification", {}), at, what)
+    rate = _rate(reader, item, at, what)
     if not (product and base_url and identity):
         return None
     return ConnectionConfig(
@@ -228,6 +240,7 @@ def _product_connection(
         verification,
         min(first, poll),
         feed,
+        rate=rate,
     )
 
 
@@ -240,7 +253,7 @@ def _external_connection(
     every answer must fit, an attempt of at most two seconds and an answer of at most
     64 KiB, and an identity of its own or none (a public read), never task authority."""
     optional = ["identity", "queryParameters", "poolSize", "connectTimeout"]
-    optional += ["requestTimeout", "responseLimit"]
+    optional += ["requestTimeout", "responseLimit", "rate"]
     reader.fields(item, at, what, ["product", "baseUrl", "paths", "responseSchema"], optional)
     base_url = _external_base(reader, reader.string(item, "baseUrl", at, what), at, what)
     paths = _reviewed_names(reader, item, "paths", at, what, PATH, required=True)
@@ -270,6 +283,7 @@ def _external_connection(
     connect = read_duration(reader, item, "connectTimeout", at, most, least, most)
     request = read_duration(reader, item, "requestTimeout", at, most, least, most)
     limit = read_integer(reader, item, "responseLimit", at, 65536, 1, 65536)
+    rate = _rate(reader, item, at, what)
     if base_url is None or paths is None or query is None or wrong is not None:
         return None
     if "identity" in item and identity is None:
@@ -287,6 +301,7 @@ def _external_connection(
         timedelta(minutes=10),
         at,
         external=Reviewed(frozenset(paths), frozenset(query), schema),
+        rate=rate,
     )
 
 
@@ -396,6 +411,27 @@ def _completions(reader: Reader, value: JSON, path: DataPath, what: str) -> Comp
     if secret is None:
         return None
     return Completions(secret, header.lower(), binding)
+
+
+#: The highest request rate a connection may be given, per second and at once.
+MOST_PER_SECOND = 10_000
+
+
+def _rate(reader: Reader, item: dict[str, JSON], at: DataPath, what: str) -> Rate | None:
+    """The requests per second (and at once, ``burst``: a second's worth unless given) the
+    product takes over this connection; None: as many as the pool sends."""
+    if "rate" not in item:
+        return None
+    path = (*at, "rate")
+    data = reader.mapping(item["rate"], path, f"{what} rate")
+    if data is None:
+        return None
+    reader.fields(data, path, f"{what} rate", ["perSecond"], ["burst"])
+    if "perSecond" not in data:
+        return None
+    per_second = read_integer(reader, data, "perSecond", path, 1, 1, MOST_PER_SECOND)
+    burst = read_integer(reader, data, "burst", path, per_second, 1, MOST_PER_SECOND)
+    return Rate(per_second, burst)
 
 
 def _verification(reader: Reader, value: JSON, at: DataPath, what: str) -> Verification:

@@ -1,7 +1,8 @@
 """Call pools: one bounded pool per configured connection, and the life of one call.
 
-Each connection has its own Trio capacity limiter and its own httpx client, so a
-slow product fills only its own pool; calls and result reads alike wait in its
+Each connection has its own Trio capacity limiter, its own pace (``engine.pacing``: a
+rate limit, and a product's Retry-After holding back the whole connection) and its own
+httpx client, so a slow product fills only its own pool; calls and result reads alike wait in its
 bounded queue (reads in half of it), and a run that finds the queue full is left
 for later. A call goes
 through these steps, and the order is what makes it safe to crash anywhere:
@@ -68,6 +69,7 @@ from registry_coordinator.engine.identity import (
     credentials,
     task_grants,
 )
+from registry_coordinator.engine.pacing import Pace
 from registry_coordinator.engine.preparation import Prepared, Preparer
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.observability import tracing
@@ -101,6 +103,10 @@ log = logging.getLogger(__name__)
 QUEUE_FACTOR = 16
 #: Error bodies kept on an execution row; the rest of a refusal is not needed to explain it.
 KEPT_ERROR_BODY = 2048
+#: The statuses whose Retry-After holds back the whole connection: the product is busy.
+SLOW_DOWN = frozenset({429, 503})
+#: The longest a product's Retry-After holds back its connection (its run waits its own).
+LONGEST_PAUSE = timedelta(minutes=5)
 
 #: Told what became of one read that was sent: its result class and the seconds it took.
 Observe = Callable[[str, float], None]
@@ -140,6 +146,7 @@ class Product:
     ) -> None:
         self.config = config
         self.limiter = trio.CapacityLimiter(config.pool_size)
+        self.pace = Pace(config.rate)  # its rate limit, and a product's word to slow down
         self.queued = 0  # calls and result reads waiting for a slot or in flight
         self.latency = 0.1  # seconds: a moving average of the product's answers
         request = config.request_timeout.total_seconds()
@@ -254,6 +261,7 @@ class Product:
         The caller holds a slot of :attr:`limiter`.
         """
         sending = sending or Sending()
+        await self.pace.leave()
         sending.begun = True
         headers = {**dict(request.headers), **trace}
         if authorization:
@@ -276,6 +284,8 @@ class Product:
                 ) as response:
                     body, exceeded = await self._read(response)
                     retry_after = _retry_after(response.headers.get("Retry-After"))
+                    if retry_after is not None and response.status_code in SLOW_DOWN:
+                        self.pace.slow_down(min(retry_after, LONGEST_PAUSE))
                     reply = Reply(
                         ReplyKind.RESPONSE, response.status_code, body, retry_after, "", exceeded
                     )
@@ -570,6 +580,7 @@ class Calls:
                     )
                     if isinstance(ready, Prepared | Request):
                         request, prepared = _sealable(ready)
+                        await product.pace.ticket()  # a backlog waits with nothing sealed
                         with trio.CancelScope(shield=True):  # know whether it was sealed
                             run = await self._dispatch_persistently(
                                 run, request, url, prepared, binding
