@@ -12,16 +12,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registry_coordinator.authoring.artifact import build, check_source, load
-from registry_coordinator.authoring.definition import Definition, SubjectMissing
+from registry_coordinator.authoring.definition import (
+    ConcurrencyKeyMissing,
+    Definition,
+    SubjectMissing,
+)
 from tests.support import WORKFLOWS
 
 TUTORIAL = (WORKFLOWS / "review-application" / "workflow.yaml").read_text()
 DEADLINE = "deadline: P60D\n"
 
 
-def checked(tmp_path: Path, subject: str) -> tuple[Definition | None, list[tuple[str, str]]]:
+def checked(
+    tmp_path: Path, subject: str, field: str = "subject: {}"
+) -> tuple[Definition | None, list[tuple[str, str]]]:
+    """The tutorial's workflow checked with ``field`` (the subject, unless told) added."""
     path = tmp_path / "workflow.yaml"
-    path.write_text(TUTORIAL.replace(DEADLINE, f"{DEADLINE}subject: {subject}\n"))
+    path.write_text(TUTORIAL.replace(DEADLINE, f"{DEADLINE}{field.format(subject)}\n"))
     report = check_source(path)
     return report.definition, [(d.code, d.message) for d in report.diagnostics]
 
@@ -91,3 +98,20 @@ def test_an_input_that_gives_no_subject_is_refused_without_its_value(
     assert f"gives {kind} for this input" in words
     assert "input.applicationId" in words
     assert "canary" not in words and "7" not in words
+
+
+KEYED = "concurrency: {{key: {}}}"
+
+
+def test_a_concurrency_key_over_the_input_survives_packaging(tmp_path: Path) -> None:
+    """Checked as the subject is, and kept in the artifact a run is admitted under."""
+    definition, found = checked(tmp_path, "input.applicationId", KEYED)
+    assert found == [] and definition is not None
+    packaged = load(build(definition), "artifact.json", trusted=True)
+    assert packaged.concurrency_of({"applicationId": "a-1"}) == "a-1"
+    assert packaged.subject_of({"applicationId": "a-1"}) is None
+    with pytest.raises(ConcurrencyKeyMissing, match=r"concurrency key `input\.applicationId`"):
+        packaged.concurrency_of({"applicationId": ""})
+    refused, said = checked(tmp_path, "run.id", KEYED)
+    assert refused is None and said[0][0] == "workflow.concurrency-key"
+    assert "the concurrency key reads run.id" in said[0][1]

@@ -153,6 +153,11 @@ REVERSALS: dict[int, str] = {
         REVOKE ALL ON FUNCTION forget_deliveries(bigint) FROM PUBLIC;
         DELETE FROM coordinator_migrations WHERE version = 21;
     """,
+    22: """
+        DROP INDEX runs_one_live_per_key;
+        ALTER TABLE runs DROP COLUMN concurrency_key;
+        DELETE FROM coordinator_migrations WHERE version = 22;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

@@ -317,7 +317,30 @@ class _Checker:
     def subject(self) -> Compiled | None:
         """The workflow's ``subject``, compiled over the input alone to give a string: a
         run's data subject is known at its admission, before any step has run."""
-        text, path = self.workflow.subject, ("subject",)
+        return self._over_input(
+            self.workflow.subject,
+            ("subject",),
+            "workflow.subject",
+            "the subject",
+            "write the subject from the input, for example subject: input.applicantId",
+        )
+
+    def concurrency_key(self) -> Compiled | None:
+        """The workflow's ``concurrency.key``, compiled over the input alone to give a
+        string: a start is refused at its admission if a run of its key is live."""
+        return self._over_input(
+            self.workflow.concurrency_key,
+            ("concurrency", "key"),
+            "workflow.concurrency-key",
+            "the concurrency key",
+            "write the key from the input, for example concurrency: {key: input.applicationId}",
+        )
+
+    def _over_input(
+        self, text: str | None, path: DataPath, code: str, what: str, repair: str
+    ) -> Compiled | None:
+        """``text`` at ``path``, compiled over the input alone to give a string; refused
+        with ``code`` where it reads anything else (the run has not begun)."""
         if text is None:
             return None
         try:
@@ -328,10 +351,10 @@ class _Checker:
                     self._expression_problem("", text, path, 0, problem)
                     continue
                 self.report(
-                    "workflow.subject",
-                    f"the subject reads {problem.name}: it is known before the run, "
+                    code,
+                    f"{what} reads {problem.name}: it is known before the run, "
                     "from the input alone",
-                    "write the subject from the input, for example subject: input.applicantId",
+                    repair,
                     path,
                     position=self._place(text, path, 0, problem),
                 )
@@ -649,6 +672,7 @@ def check_document(
         return CheckReport(None, _unusable(diagnostics + checker.diagnostics, trusted))
     programs, templates = checker.expressions()
     subject = checker.subject()
+    concurrency = checker.concurrency_key()
     if errors(checker.diagnostics) and not trusted:
         return CheckReport(None, diagnostics + checker.diagnostics)
     definition = Definition(
@@ -660,6 +684,7 @@ def check_document(
         templates=templates,
         programs=programs,
         subject=subject,
+        concurrency=concurrency,
     )
     if trusted and not _compiled(definition):
         return CheckReport(None, _unusable(diagnostics + checker.diagnostics, trusted))
@@ -682,6 +707,8 @@ def _compiled(definition: Definition) -> bool:
     """Whether every expression of every step a run can reach was compiled, and the
     subject, if the workflow names one."""
     if definition.workflow.subject is not None and definition.subject is None:
+        return False
+    if definition.workflow.concurrency_key is not None and definition.concurrency is None:
         return False
     for step_id in definition.scopes:
         step = definition.step(step_id)

@@ -30,6 +30,10 @@ class SubjectMissing(CoordinatorError):
     """A start whose input gives its workflow's ``subject`` no id."""
 
 
+class ConcurrencyKeyMissing(CoordinatorError):
+    """A start whose input gives its workflow's ``concurrency.key`` no key."""
+
+
 @dataclass(frozen=True)
 class Definition:
     workflow: Workflow
@@ -40,6 +44,7 @@ class Definition:
     templates: dict[str, Template]  # call input / finish output by step id
     programs: dict[str, dict[str, Compiled]]  # step id -> expression source -> program
     subject: Compiled | None = None  # the workflow's subject, over the input alone
+    concurrency: Compiled | None = None  # its concurrency key, over the input alone
     _validators: dict[int, jsonschema.Draft202012Validator] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -62,19 +67,12 @@ class Definition:
         """The id of the data subject a run of ``run_input`` belongs to (None: the
         workflow names none); :class:`SubjectMissing` if the subject gives none for it.
         Its words never quote the input."""
-        if self.subject is None:
-            return None
-        try:
-            subject = self.subject.evaluate(variables_of_input(run_input))
-        except EvaluationError:
-            subject = None
-        if not isinstance(subject, str) or not subject:
-            kind = "an empty string" if subject == "" else "no string"
-            raise SubjectMissing(
-                f"the workflow's subject `{self.subject.source}` gives {kind} for this "
-                "input: give the field it reads, as a non-empty string"
-            )
-        return subject
+        return _string_of(self.subject, run_input, "subject", SubjectMissing)
+
+    def concurrency_of(self, run_input: JSON) -> str | None:
+        """The key a run of ``run_input`` is one live run of at most (None: the workflow
+        names none); :class:`ConcurrencyKeyMissing` if the key gives none for it."""
+        return _string_of(self.concurrency, run_input, "concurrency key", ConcurrencyKeyMissing)
 
     def render(self, step_id: str, variables: Activation) -> JSON:
         """Evaluate a call's input or a finish's output for a run."""
@@ -121,3 +119,23 @@ def _without_value(error: jsonschema.ValidationError) -> str:
     if isinstance(rule, int | float | str | bool):
         return f"fails {keyword}: {rule!r}"
     return f"fails {keyword}"
+
+
+def _string_of(
+    compiled: Compiled | None, run_input: JSON, what: str, missing: type[CoordinatorError]
+) -> str | None:
+    """What ``compiled``, over the input alone, gives for ``run_input``: a non-empty
+    string, or ``missing`` raised in words that never quote the input."""
+    if compiled is None:
+        return None
+    try:
+        value = compiled.evaluate(variables_of_input(run_input))
+    except EvaluationError:
+        value = None
+    if not isinstance(value, str) or not value:
+        kind = "an empty string" if value == "" else "no string"
+        raise missing(
+            f"the workflow's {what} `{compiled.source}` gives {kind} for this input: give "
+            "the field it reads, as a non-empty string"
+        )
+    return value

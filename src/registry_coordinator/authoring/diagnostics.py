@@ -51,6 +51,7 @@ CODES: dict[str, str] = {
     "workflow.path-without-finish": "a step has no way on, so a path would not end in finish",
     "workflow.deadline-too-long": "the deadline is longer than P366D",
     "workflow.subject": "the subject reads something other than the input",
+    "workflow.concurrency-key": "the concurrency key reads something other than the input",
     "duration.invalid": "a duration is not an ISO 8601 duration this build accepts",
     "limit.steps": "more than 64 steps",
     "limit.connections": "more than 32 connections",

@@ -153,6 +153,10 @@ class Workflow:
     #: Whose personal data the run holds: a CEL expression over the input giving the data
     #: subject's id (docs/custody.md), each subject's data sealed under a key of its own.
     subject: str | None = None
+    #: At most one live run of the workflow per value of this CEL expression over the
+    #: input (``concurrency: {key: input.applicationId}``): a start for a key whose run is
+    #: live is refused, naming the run.
+    concurrency_key: str | None = None
 
 
 def read_workflow(
@@ -169,7 +173,7 @@ def read_workflow(
         (),
         "the workflow",
         ["apiVersion", "kind", "id", "version", "deadline", "input", "outcomes", "start", "steps"],
-        ["title", "description", "connections", "subject"],
+        ["title", "description", "connections", "subject", "concurrency"],
     )
     _header(reader, root)
     wf_id = reader.matching(
@@ -190,6 +194,7 @@ def read_workflow(
     description = reader.string(root, "description", (), "the workflow")
     deadline = _deadline(reader, root)
     subject = reader.string(root, "subject", (), "the workflow")
+    concurrency_key = _concurrency_key(reader, root)
     input_schema = root.get("input")
     if "input" in root and not isinstance(input_schema, dict | bool):
         reader.report(
@@ -219,8 +224,21 @@ def read_workflow(
         steps=steps,
         document=document,
         subject=subject,
+        concurrency_key=concurrency_key,
     )
     return workflow, reader.diagnostics
+
+
+def _concurrency_key(reader: Reader, root: dict[str, JSON]) -> str | None:
+    """``concurrency: {key: EXPR}``'s expression, if the workflow gives one."""
+    if "concurrency" not in root:
+        return None
+    path = ("concurrency",)
+    data = reader.mapping(root["concurrency"], path, "concurrency")
+    if data is None:
+        return None
+    reader.fields(data, path, "concurrency", ["key"], [])
+    return reader.string(data, "key", path, "concurrency")
 
 
 def _header(reader: Reader, root: dict[str, JSON]) -> None:

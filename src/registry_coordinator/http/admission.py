@@ -24,7 +24,7 @@ from quart import Response
 
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.authoring.definition import SubjectMissing
+from registry_coordinator.authoring.definition import ConcurrencyKeyMissing, SubjectMissing
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.archive import gone
@@ -120,10 +120,18 @@ def _checked(
         subject = pinned.definition.subject_of(given)
     except SubjectMissing as exc:
         raise Problem(422, "input.no-subject", str(exc)) from None
-    return store.Start(pinned.definition, pinned.digest, key, given, version, subject)
+    try:
+        concurrency = pinned.definition.concurrency_of(given)
+    except ConcurrencyKeyMissing as exc:
+        raise Problem(422, "input.no-concurrency-key", str(exc)) from None
+    return store.Start(pinned.definition, pinned.digest, key, given, version, subject, concurrency)
 
 
-def _refusal(refused: store.KeyReused | store.StartArchived | store.AdmissionHeld) -> Problem:
+#: Why the store may not admit a start.
+Refused = store.KeyReused | store.StartArchived | store.AdmissionHeld | store.RunConcurrent
+
+
+def _refusal(refused: Refused) -> Problem:
     """The refusal a start the store did not admit is answered with."""
     if isinstance(refused, store.AdmissionHeld):
         return Problem(
@@ -131,6 +139,21 @@ def _refusal(refused: store.KeyReused | store.StartArchived | store.AdmissionHel
         )
     if isinstance(refused, store.StartArchived):
         return gone(refused.run)
+    if isinstance(refused, store.RunConcurrent):
+        if refused.run_id is None:
+            return Problem(
+                409,
+                "run.concurrent",
+                "a run of this workflow for the same concurrency key was live and has just "
+                "ended: send the start again",
+            )
+        return Problem(
+            409,
+            "run.concurrent",
+            f"run {refused.run_id} of this workflow is live for the same concurrency key: "
+            "wait for it to end, or cancel it, then start again",
+            run=str(refused.run_id),
+        )
     return Problem(
         409,
         "run.key-reused",
@@ -170,8 +193,14 @@ async def start(
             run_id=run_id,
             traceparent=serving.start(run_id),
             subject=asked.subject,
+            concurrency=asked.concurrency,
         )
-    except (store.AdmissionHeld, store.StartArchived, store.KeyReused) as refused:
+    except (
+        store.AdmissionHeld,
+        store.StartArchived,
+        store.KeyReused,
+        store.RunConcurrent,
+    ) as refused:
         raise _refusal(refused) from None
     if admitted.created:
         timer.runnable()

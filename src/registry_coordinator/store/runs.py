@@ -80,6 +80,7 @@ __all__ = [
     "LeaseLost",
     "NextDue",
     "NothingSealed",
+    "RunConcurrent",
     "RunFilter",
     "RunStatus",
     "Sealed",
@@ -135,6 +136,15 @@ class KeyReused(CoordinatorError):
     input."""
 
     def __init__(self, run_id: uuid.UUID) -> None:
+        super().__init__(str(run_id))
+        self.run_id = run_id
+
+
+class RunConcurrent(CoordinatorError):
+    """A run of the workflow's concurrency key is live (``run_id``; None: it ended as the
+    start was refused, and a start again is admitted)."""
+
+    def __init__(self, run_id: uuid.UUID | None) -> None:
         super().__init__(str(run_id))
         self.run_id = run_id
 
@@ -204,10 +214,20 @@ class Start:
     run_input: JSON
     asked_version: str | None = None
     subject: str | None = None
+    concurrency: str | None = None  # its concurrency key (:meth:`Definition.concurrency_of`)
 
 
 #: What became of one start: its run, or why a single start would be refused.
-StartOutcome = Admitted | KeyReused | StartArchived | AdmissionHeld
+StartOutcome = Admitted | KeyReused | StartArchived | AdmissionHeld | RunConcurrent
+
+
+def _concurrency_key(sealer: Sealer | None, workflow: str, key: str | None) -> str | None:
+    """A concurrency key as ``runs.concurrency_key`` keeps it: keyed, with custody, as a
+    start digest is (:meth:`Sealer.digest`), so a dump cannot confirm a guessed id."""
+    if key is None:
+        return None
+    given = canonical_bytes({"workflow": workflow, "concurrency": key})
+    return digest_of(given) if sealer is None else sealer.digest(given)
 
 
 async def admit(
@@ -222,18 +242,21 @@ async def admit(
     run_id: uuid.UUID | None = None,
     traceparent: str | None = None,
     subject: str | None = None,
+    concurrency: str | None = None,
 ) -> Admitted:
     """Create a run due at once (its id ``run_id``, else a new one), or find the one this
     caller's key already started (even while admission is held: that start was admitted
     before the hold); or raise why not, as :func:`admit_many` says. ``traceparent`` is the
     W3C trace context the run's spans continue (its request's span); ``subject`` its data
-    subject, whose key seals its data (:meth:`Definition.subject_of`). One statement when
+    subject, whose key seals its data (:meth:`Definition.subject_of`); ``concurrency`` its
+    concurrency key, refused (:class:`RunConcurrent`) while a run of it is live. One statement when
     the run is created (one statement of a single row costs half what the batch's does for
     one), one more when not.
     """
     sealer = db.sealer
     started = StartDigest.of(sealer, definition.id, asked_version, run_input)
     run_id = run_id or uuid.uuid4()
+    kept = _concurrency_key(sealer, definition.id, concurrency)
     subjects = _Subjects(db, [subject])
     while True:
         [subject_key] = await subjects.resolve()
@@ -252,6 +275,7 @@ async def admit(
             "deadline": definition.workflow.deadline,
             "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
             "traceparent": traceparent,
+            "concurrency_key": kept,
         }
         gate = await db.row("admit_run", params)
         assert gate is not None, "schema 7 gives admission its row"
@@ -259,7 +283,8 @@ async def admit(
             break
     if gate["id"] is not None:
         return Admitted(gate["id"], True, RunStatus.from_row(gate))
-    outcome = (await _not_admitted(db, caller, {start_key: started}, gate))[start_key]
+    concurrent = {start_key: (definition.id, kept)}
+    outcome = (await _not_admitted(db, caller, {start_key: started}, gate, concurrent))[start_key]
     if not isinstance(outcome, Admitted):
         raise outcome
     return outcome
@@ -315,6 +340,13 @@ async def admit_many(
         for start in starts
     }
     assert len(asked) == len(starts), "each start of a batch has its own key"
+    concurrent = {
+        start.start_key: (
+            start.definition.id,
+            _concurrency_key(sealer, start.definition.id, start.concurrency),
+        )
+        for start in starts
+    }
     run_ids = list(ids) if ids is not None else [uuid.uuid4() for _ in starts]
     contexts = list(traceparents) if traceparents is not None else [None] * len(starts)
     subjects = _Subjects(db, [start.subject for start in starts])
@@ -338,6 +370,7 @@ async def admit_many(
             ],
             "data_key": shared,
             "subject_keys": [subject_keys[n] for n in pending],
+            "concurrency_keys": [concurrent[start.start_key][1] for start in some],
             "steps": [start.definition.workflow.start for start in some],
             "deadlines": [start.definition.workflow.deadline for start in some],
         }
@@ -354,7 +387,7 @@ async def admit_many(
         pending = [n for n in pending if subject_keys[n] in stale]  # they were not admitted
     left = {key: started for key, started in asked.items() if key not in outcomes}
     if left:
-        outcomes |= await _not_admitted(db, caller, left, rows[0])
+        outcomes |= await _not_admitted(db, caller, left, rows[0], concurrent)
     return [outcomes[key] for key in asked]
 
 
@@ -368,18 +401,25 @@ def _sealed_input(
 
 
 async def _not_admitted(
-    db: Database, caller: str, left: dict[str, StartDigest], gate: Row
+    db: Database,
+    caller: str,
+    left: dict[str, StartDigest],
+    gate: Row,
+    concurrent: dict[str, tuple[str, str | None]],
 ) -> dict[str, StartOutcome]:
     """What became of the starts admission did not create, by key (``left`` gives each
-    one's start digest), with admission as it stood when they were refused (``gate``):
-    one read of the runs, live or archived, that their keys started."""
+    one's start digest, ``concurrent`` its workflow and kept concurrency key), with
+    admission as it stood when they were refused (``gate``): one read of the runs, live or
+    archived, that their keys started, and one of the live runs of their concurrency keys
+    if a start was refused for one."""
     keys = {"caller": caller, "start_keys": list(left)}
     found = {row["start_key"]: row for row in await db.rows("runs_by_start_keys", keys)}
     outcomes: dict[str, StartOutcome] = {}
     for key, started in left.items():
         row = found.get(key)
+        if row is None and not gate["held"]:
+            continue  # refused for its concurrency key: a run of it is live
         if row is None:
-            assert gate["held"], "a start is refused only when held, or for a key in use"
             outcomes[key] = AdmissionHeld(admission_reason(db.sealer, gate), gate["actor"])
         elif not started.matches(row["start_digest"]):
             outcomes[key] = KeyReused(row["id"])
@@ -387,6 +427,20 @@ async def _not_admitted(
             outcomes[key] = StartArchived(ArchivedRun.from_row(row))
         else:
             outcomes[key] = Admitted(row["id"], False, RunStatus.from_row(row))
+    refused = [key for key in left if key not in outcomes]
+    if refused:
+        asked = [concurrent[key] for key in refused]
+        assert all(kept is not None for _, kept in asked), "a start is refused for a reason"
+        params = {
+            "workflow_ids": [workflow for workflow, _ in asked],
+            "concurrency_keys": [kept for _, kept in asked],
+        }
+        live = {
+            (row["workflow_id"], row["concurrency_key"]): row["id"]
+            for row in await db.rows("live_runs_of_keys", params)
+        }
+        for key in refused:
+            outcomes[key] = RunConcurrent(live.get(concurrent[key]))
     return outcomes
 
 

@@ -64,15 +64,17 @@ WITH gate AS MATERIALIZED (
 ), admitted AS (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
                       data_key, state, step, seq, due_at, admitted_at, deadline_at,
-                      updated_at, traceparent)
+                      updated_at, traceparent, concurrency_key)
     SELECT %(id)s, %(digest)s, %(workflow_id)s, %(caller)s, %(start_key)s, %(start_digest)s,
            %(input)s, %(data_key)s, 'running', %(step)s, 1, now(), now(),
-           now() + %(deadline)s, now(), %(traceparent)s
+           now() + %(deadline)s, now(), %(traceparent)s, %(concurrency_key)s
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
       AND (%(subject_key)s::bigint IS NULL OR EXISTS (SELECT FROM subject))
       AND NOT EXISTS (SELECT FROM archived_runs  -- a key is remembered past archiving
                       WHERE caller = %(caller)s AND start_key = %(start_key)s)
-    ON CONFLICT (caller, start_key) DO NOTHING  -- runs_by_start_keys then finds the run
+    -- The caller's key in use (runs_by_start_keys then finds the run), or a run of the
+    -- concurrency key live (live_runs_of_keys names it).
+    ON CONFLICT DO NOTHING
     RETURNING id, workflow_id, digest, caller, state, step, seq, attempt, timer_at, outcome,
               output, data_key, failure_code, hold_code, detail, admitted_at, deadline_at,
               updated_at, ended_at
@@ -110,22 +112,22 @@ WITH gate AS MATERIALIZED (
 ), admitted AS (
     INSERT INTO runs (id, digest, workflow_id, caller, start_key, start_digest, input,
                       data_key, state, step, seq, due_at, admitted_at, deadline_at,
-                      updated_at, traceparent)
+                      updated_at, traceparent, concurrency_key)
     SELECT s.id, s.digest, s.workflow_id, %(caller)s, s.start_key,
            s.start_digest, s.input, coalesce(s.subject_key, %(data_key)s), 'running', s.step,
-           1, now(), now(), now() + s.deadline, now(), s.traceparent
+           1, now(), now(), now() + s.deadline, now(), s.traceparent, s.concurrency_key
     FROM unnest(%(ids)s::uuid[], %(digests)s::text[], %(workflow_ids)s::text[],
                 %(start_keys)s::text[], %(start_digests)s::text[], %(inputs)s::jsonb[],
                 %(steps)s::text[], %(deadlines)s::interval[], %(traceparents)s::text[],
-                %(subject_keys)s::bigint[])
+                %(subject_keys)s::bigint[], %(concurrency_keys)s::text[])
          AS s (id, digest, workflow_id, start_key, start_digest, input, step, deadline,
-               traceparent, subject_key)
+               traceparent, subject_key, concurrency_key)
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
       AND (s.subject_key IS NULL OR s.subject_key IN (SELECT id FROM subjects))
       AND NOT EXISTS (SELECT FROM archived_runs a  -- a key is remembered past archiving
                       WHERE a.caller = %(caller)s AND a.start_key = s.start_key)
     ORDER BY s.start_key
-    ON CONFLICT (caller, start_key) DO NOTHING  -- runs_by_start_keys then finds the run
+    ON CONFLICT DO NOTHING  -- as admit_run: a key in use, or a concurrency key's run live
     RETURNING id, workflow_id, digest, caller, state, step, seq, attempt, timer_at, outcome,
               output, data_key, failure_code, hold_code, detail, admitted_at, deadline_at,
               updated_at, ended_at, start_key
@@ -150,6 +152,13 @@ SELECT gate.held, gate.reason, gate.actor, gate.reason_key,
        encode(e.hash, 'hex') AS head
 FROM gate
 LEFT JOIN (admitted r JOIN evented e ON e.run_id = r.id) ON true;
+
+-- name: live_runs_of_keys
+-- The live runs of these workflows' concurrency keys, which a start of one was refused for.
+SELECT workflow_id, concurrency_key, id FROM runs
+WHERE (workflow_id, concurrency_key) IN (
+    SELECT * FROM unnest(%(workflow_ids)s::text[], %(concurrency_keys)s::text[]))
+  AND ended_at IS NULL;
 
 -- name: runs_by_start_keys
 -- The runs a caller's Idempotency-Keys started, live or archived, and the start each stands for.
