@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 import httpx
 import trio
@@ -47,7 +48,7 @@ from registry_coordinator.audit.retention import Archiver
 from registry_coordinator.config import Config, DatabaseConfig
 from registry_coordinator.engine import feeds, high_water
 from registry_coordinator.engine.after_commit import AfterCommit
-from registry_coordinator.engine.calls import Product, open_products
+from registry_coordinator.engine.calls import Product, open_products, read_pauses
 from registry_coordinator.engine.listener import Listener
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
@@ -217,7 +218,7 @@ async def _supervise(
     engine = Engine(
         db, workflows, timer, products, config.engine, after.telling(timer), holdings, owner, mark
     )
-    listener = Listener(db, timer)
+    listener = Listener(db, timer, partial(read_pauses, db, products))
     auth = Authenticator(config.auth, client)
     issuer = Issuer(config.auth, config.console, client)
     context = Context(db, workflows, timer, products, listener, auth, after, issuer, mark)

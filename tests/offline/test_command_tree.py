@@ -121,6 +121,10 @@ TREE = {
     "coordinator admission": {"<action>": REQUIRED},
     "coordinator admission hold": {**REMOTE, "--reason": REQUIRED},
     "coordinator admission release": {**REMOTE, "--reason": REQUIRED},
+    "coordinator connections": {"<action>": REQUIRED},
+    "coordinator connections list": REMOTE,
+    "coordinator connections pause": {**REMOTE, "<connection>": REQUIRED, "--reason": REQUIRED},
+    "coordinator connections resume": {**REMOTE, "<connection>": REQUIRED, "--reason": REQUIRED},
     "coordinator erase": {**REMOTE, "--subject": REQUIRED, "--reason": REQUIRED},
     "coordinator demo": {
         "--workflows": OPTIONAL,

@@ -158,6 +158,13 @@ REVERSALS: dict[int, str] = {
         ALTER TABLE runs DROP COLUMN concurrency_key;
         DELETE FROM coordinator_migrations WHERE version = 22;
     """,
+    23: """
+        DROP INDEX runs_paused_for;
+        ALTER TABLE runs DROP COLUMN paused_for;
+        DROP TABLE connection_pause_events;
+        DROP TABLE connection_pauses;
+        DELETE FROM coordinator_migrations WHERE version = 23;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

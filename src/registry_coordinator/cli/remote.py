@@ -1,5 +1,6 @@
 """The operators' commands to a running service: ``coordinator runs ...``,
-``coordinator admission ...`` and ``coordinator erase``, their arguments;
+``coordinator admission ...``, ``coordinator connections ...`` and ``coordinator erase``,
+their arguments;
 :mod:`registry_coordinator.http.remote` sends them and says what came back.
 
 Every remote command takes the same three options (where the service is, the file holding
@@ -22,7 +23,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def add_commands(commands: Commands) -> None:
-    """The ``runs``, ``admission`` and ``erase`` commands, with their common options."""
+    """The ``runs``, ``admission``, ``connections`` and ``erase`` commands, with their
+    common options."""
     runs = commands.add_parser("runs", help="start, list, inspect and act on runs")
     common = type(runs)(add_help=False)  # a parent only: each command copies its options
     common.add_argument(
@@ -82,6 +84,19 @@ def add_commands(commands: Commands) -> None:
         change = changes.add_parser(name, parents=[common], help=f"{name} admission")
         change.add_argument("--reason", required=True)
 
+    connections = commands.add_parser(
+        "connections", help="list connections; pause or resume one for its product's maintenance"
+    )
+    verbs = connections.add_subparsers(dest="action", required=True, parser_class=type(runs))
+    verbs.add_parser("list", parents=[common], help="each connection, and its pause if paused")
+    for name, what in (
+        ("pause", "send no call over a connection until it is resumed (runs wait)"),
+        ("resume", "resume a connection: the runs that waited go on"),
+    ):
+        verb = verbs.add_parser(name, parents=[common], help=what)
+        verb.add_argument("connection")
+        verb.add_argument("--reason", required=True)
+
     erase = commands.add_parser(
         "erase",
         parents=[common],
@@ -92,7 +107,7 @@ def add_commands(commands: Commands) -> None:
 
 
 def handlers() -> dict[str, Handler]:
-    return {"runs": _remote, "admission": _remote, "erase": _remote}
+    return {"runs": _remote, "admission": _remote, "connections": _remote, "erase": _remote}
 
 
 def _remote(args: argparse.Namespace) -> int:

@@ -94,7 +94,7 @@ from registry_coordinator.semantics.steps import (
     fetched,
     settle,
 )
-from registry_coordinator.store import statements
+from registry_coordinator.store import pauses, statements
 from registry_coordinator.store.database import Database, StatementFailed, Unavailable
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,9 @@ class Product:
         self.config = config
         self.limiter = trio.CapacityLimiter(config.pool_size)
         self.pace = Pace(config.rate)  # its rate limit, and a product's word to slow down
+        #: Paused by an operator for the product's maintenance (``store.pauses``), as this
+        #: process last heard: no call is sealed over it meanwhile.
+        self.paused = False
         self.queued = 0  # calls and result reads waiting for a slot or in flight
         self.latency = 0.1  # seconds: a moving average of the product's answers
         request = config.request_timeout.total_seconds()
@@ -559,6 +562,8 @@ class Calls:
         dispatched = False
         stopped: Transition | None = None  # a command that could not be prepared
         try:
+            if product.paused and await self._parked(run, product):
+                return
             async with product.limiter:
                 # A resend (an automatic retry, an asking by the identical request, or an
                 # operator's retry-same) sends the bytes sealed on the first sending,
@@ -611,6 +616,19 @@ class Calls:
         # Outside the handler above: once the answer is recorded, a shutdown while the run
         # goes on must not record the call again as interrupted.
         await self._go_on(definition, committed)
+
+    async def _parked(self, run: store.Claimed, product: Product) -> bool:
+        """Whether the run was parked for its connection's pause, nothing sealed; False if
+        the database says the pause was lifted meanwhile (the run goes on)."""
+        name = product.config.name
+        with trio.CancelScope(shield=True):
+            if await pauses.park(self.db, run.id, run.token, name):
+                log.info(
+                    "connection %s is paused: the run waits for it", name, extra={"run": run.id}
+                )
+                return True
+        product.paused = False  # this process has not heard of the resume yet
+        return False
 
     def _addressed(
         self,
@@ -920,6 +938,13 @@ class Calls:
             reviewed=config.external,
             uncertain=uncertain,
         )
+
+
+async def read_pauses(db: Database, products: Mapping[str, Product]) -> None:
+    """Mark each product paused as the database says its connection is, now."""
+    paused = {pause.connection for pause in await pauses.paused(db)}
+    for name, product in products.items():
+        product.paused = name in paused
 
 
 @asynccontextmanager

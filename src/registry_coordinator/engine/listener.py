@@ -6,28 +6,38 @@ process resumes in milliseconds. Notifications are best-effort: after every
 (re)connect the workers catch up from the tables, and the timer's sweep is the
 safety net, so correctness never depends on a notification arriving. A data key's
 erasure is told on the same channel: this process's sealer forgets the key at once, and
-after a reconnect every key erased while it was away.
+after a reconnect every key erased while it was away; so is a connection paused or
+resumed (``store.pauses``): the process reads the pauses again, and after a reconnect.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from registry_coordinator.engine.backoff import LISTENER_RECONNECT
 from registry_coordinator.engine.timers import Timer
-from registry_coordinator.store import keys
+from registry_coordinator.store import keys, pauses
 from registry_coordinator.store.database import Database, Unavailable, notifications
 
 log = logging.getLogger(__name__)
 CHANNEL = "coordinator_wake"
 
 
+async def _nothing() -> None:
+    return None
+
+
 class Listener:
-    def __init__(self, db: Database, timer: Timer) -> None:
+    def __init__(
+        self, db: Database, timer: Timer, paused: Callable[[], Awaitable[None]] = _nothing
+    ) -> None:
+        """``paused`` reads the paused connections again: told of a change, and on connect."""
         self.db = db
         self.timer = timer
+        self.paused = paused
         self.connected = False
         self.reconnects = 0
         self.first_connected = trio.Event()
@@ -38,6 +48,7 @@ class Listener:
         while True:
             try:
                 async with notifications(self.db, CHANNEL) as received:
+                    await self.paused()  # before the workers start: none sends over one
                     self.connected = True
                     self.first_connected.set()
                     failures = 0
@@ -50,7 +61,10 @@ class Listener:
                     self.timer.wake_all()  # anything notified while we were away
                     await keys.forget_erased(self.db)
                     async for payload in received:
-                        if not keys.forget_notified(self.db, payload):
+                        if payload == pauses.NOTICE:
+                            await self.paused()
+                            self.timer.runnable()  # a resume made its parked runs due
+                        elif not keys.forget_notified(self.db, payload):
                             self.timer.runnable()
             except Unavailable as exc:
                 pause = LISTENER_RECONNECT.pause(failures + 1)

@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from registry_coordinator.custody import Unopenable
-from registry_coordinator.http import admission, deliveries, probes, runs, subjects
+from registry_coordinator.http import admission, connections, deliveries, probes, runs, subjects
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem, data_unopenable
@@ -58,6 +58,9 @@ ROUTES = (
     route("/v1/admission/hold", post=admission.hold),
     route("/v1/admission/release", post=admission.release),
     route("/v1/workflows", get=admission.pinned),
+    route("/v1/connections", get=connections.listing),
+    route("/v1/connections/<name>/pause", post=connections.pause),
+    route("/v1/connections/<name>/resume", post=connections.resume),
     route("/v1/erasures", post=subjects.erase),
     route("/v1/subject-reports", post=subjects.report),
     route("/v1/results/<connection>", post=deliveries.deliver),
@@ -72,6 +75,7 @@ ROUTES = (
 FALLBACKS = (
     route("/v1/runs/<run_id>/<action>", post=runs.unknown_action),
     route("/v1/admission/<change>", post=admission.unknown_change),
+    route("/v1/connections/<name>/<action>", post=connections.unknown_action),
 )
 
 

@@ -67,6 +67,10 @@ async def readiness(context: Context) -> dict[str, JSON]:
         },
         "recovery": {"ok": context.recovery is None, "detail": context.recovery},
         "bindings": await _bindings(context),
+        "connections": {  # paused for maintenance, as this process last heard
+            "ok": True,
+            "paused": sorted(name for name, p in context.products.items() if p.paused),
+        },
         "highWaterMark": {
             "ok": context.high_water.failing is None,
             "detail": context.high_water.failing

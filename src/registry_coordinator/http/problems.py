@@ -67,7 +67,8 @@ CODES: dict[str, str] = {
     "run.changed": "the run changed while the action was taken",
     "reconcile.no-receipt": "the product holds no receipt matching the original request",
     "reconcile.unavailable": "the product's receipt could not be read or used",
-    "connection.unknown": "no connection of that name accepts result webhooks",
+    "connection.unknown": "no connection of that name is configured (or accepts result "
+    "webhooks, for a delivery)",
     "webhook.signature-missing": "a delivery without a signature",
     "webhook.signature-invalid": "a signature that does not match body and secret",
     "webhook.signature-stale": "a signature more than five minutes from now",

@@ -1,4 +1,5 @@
-"""The remote CLI's client: ``coordinator runs``, ``admission`` and ``erase`` over HTTP.
+"""The remote CLI's client: ``coordinator runs``, ``admission``, ``connections`` and
+``erase`` over HTTP.
 
 :mod:`registry_coordinator.cli.remote` parses these commands (the layers: the command
 line may import this module, never the reverse); this module turns one into its request,
@@ -15,7 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -86,6 +87,11 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
         return "POST", f"/v1/admission/{args.action}", {"reason": args.reason}, {}, {}
     if args.command == "erase":
         return "POST", "/v1/erasures", {"subject": args.subject, "reason": args.reason}, {}, {}
+    if args.command == "connections":
+        if args.action == "list":
+            return "GET", "/v1/connections", None, {}, {}
+        path = f"/v1/connections/{quote(args.connection, safe='')}/{args.action}"
+        return "POST", path, {"reason": args.reason}, {}, {}
     action = args.action
     if action == "start":
         text = args.input
@@ -129,7 +135,28 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
     return "POST", f"/v1/runs/{args.run}/{action}", said, {}, {}
 
 
+def _connections(args: argparse.Namespace, answer: JSON) -> str:
+    if args.action == "list":
+        return "\n".join(
+            f"{c['name']}  {c['product']}  "
+            + (
+                "not paused"
+                if c["paused"] is None
+                else f"paused since {c['paused']['since']} by {c['paused']['by']}: "
+                f"{c['paused']['reason']}"
+            )
+            for c in answer["connections"]
+        )
+    if args.action == "pause":
+        return f"connection {answer['name']} paused: no call is sent over it until it is resumed"
+    if not answer["wasPaused"]:
+        return f"connection {answer['name']} was not paused: nothing changed"
+    return f"connection {answer['name']} resumed: {answer['runs']} runs that waited for it go on"
+
+
 def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> str:
+    if args.command == "connections":
+        return _connections(args, answer)
     if args.command == "admission":
         return f"admission {'held' if answer['held'] else 'released'}: {answer['reason']}"
     if args.command == "erase":

@@ -24,6 +24,8 @@ GRANTS: dict[str, tuple[str, ...]] = {
     "archived_runs": ("SELECT", "INSERT"),
     "audit_checkpoints": ("SELECT", "INSERT"),
     "audit_leaves": ("SELECT", "INSERT"),
+    "connection_pause_events": ("SELECT", "INSERT"),
+    "connection_pauses": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "console_logins": ("SELECT", "INSERT", "DELETE"),
     "console_sessions": ("SELECT", "INSERT", "DELETE"),
     "coordinator_migrations": ("SELECT",),
@@ -41,7 +43,14 @@ GRANTS: dict[str, tuple[str, ...]] = {
 #: The functions serve calls that PUBLIC may not.
 FUNCTIONS = ("remove_archived(uuid[])", "forget_deliveries(bigint)")
 #: What a runtime role must not have on the tables that keep history.
-HISTORY = ("run_events", "definitions", "deliveries", "admission_events", "audit_checkpoints")
+HISTORY = (
+    "run_events",
+    "definitions",
+    "deliveries",
+    "admission_events",
+    "connection_pause_events",
+    "audit_checkpoints",
+)
 FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 
 

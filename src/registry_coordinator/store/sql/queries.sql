@@ -1369,3 +1369,60 @@ UPDATE executions
 SET url = %(url)s, headers = %(headers)s, body = %(body)s, response = %(response)s,
     late_response = %(late_response)s
 WHERE run_id = %(id)s AND step = %(step)s AND attempt = %(attempt)s;
+
+-- name: pause_connection
+-- Pause a connection (again, with a new reason, if it is), and record the change.
+--
+-- Its reason is sealed under %(data_key)s, the shared key, with custody. Every process
+-- is told on the wake channel, and reads the pauses again.
+WITH changed AS (
+    INSERT INTO connection_pauses (connection, paused_at, actor, reason, data_key)
+    VALUES (%(connection)s, now(), %(actor)s, %(reason)s, %(data_key)s)
+    ON CONFLICT (connection) DO UPDATE
+    SET paused_at = excluded.paused_at, actor = excluded.actor, reason = excluded.reason,
+        data_key = excluded.data_key
+    RETURNING connection, paused_at, actor, reason, data_key
+), logged AS (
+    INSERT INTO connection_pause_events (connection, at, paused, actor, reason, data_key)
+    SELECT connection, paused_at, true, actor, reason, data_key FROM changed
+)
+SELECT paused_at, pg_notify('coordinator_wake', 'connections') AS notified FROM changed;
+
+-- name: unpause_connection
+-- Lift a connection's pause, recording the change; the pause as it stood, if there was one.
+--
+-- Taken before resume_parked_runs, in its transaction: the delete waits for any run being
+-- parked under the pause (park_run shares its row), so that run is parked when the next
+-- statement looks.
+WITH gone AS (
+    DELETE FROM connection_pauses WHERE connection = %(connection)s
+    RETURNING connection, paused_at, actor
+), logged AS (
+    INSERT INTO connection_pause_events (connection, at, paused, actor, reason, data_key)
+    SELECT connection, now(), false, %(actor)s, %(reason)s, %(data_key)s FROM gone
+)
+SELECT paused_at, actor, pg_notify('coordinator_wake', 'connections') AS notified FROM gone;
+
+-- name: resume_parked_runs
+-- Make every run parked for a connection's pause due at once.
+UPDATE runs SET paused_for = NULL, due_at = now()
+WHERE paused_for = %(connection)s AND ended_at IS NULL;
+
+-- name: connection_pauses
+-- The connections paused now, with who paused each, when and why (sealed under reason_key).
+SELECT connection, paused_at, actor, reason, data_key AS reason_key FROM connection_pauses
+ORDER BY connection;
+
+-- name: park_run
+-- Give a claimed run back parked for its connection's pause, if the pause still stands.
+--
+-- Due at its deadline, so that it still expires; the pause's row is shared, so a resume
+-- waits for this and then finds the run parked (unpause_connection).
+WITH paused AS MATERIALIZED (
+    SELECT connection FROM connection_pauses WHERE connection = %(connection)s FOR SHARE
+)
+UPDATE runs SET paused_for = %(connection)s, due_at = deadline_at,
+                lease_owner = NULL, lease_token = NULL
+WHERE id = %(id)s AND lease_token = %(token)s AND dispatched_at IS NULL
+  AND EXISTS (SELECT FROM paused)
+RETURNING id;
