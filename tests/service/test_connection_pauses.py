@@ -12,7 +12,7 @@ import uuid
 
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store.database import sync_connection
-from tests.support import Services, coordinator, run_state, wait_for, wait_state
+from tests.support import Forms, Services, coordinator, run_state, wait_for, wait_state
 
 RECORDS: dict[str, tuple[str, dict[str, str]]] = {"records": ("breg", {})}
 REASON = "BReg maintenance window, ticket OPS-41"
@@ -61,3 +61,29 @@ def test_a_paused_connection_sends_nothing_until_resumed(dsn: str, services: Ser
         (False, "local-developer"),
     ]
     assert all(REASON not in r["reason"] and "done" not in r["reason"] for r in rows)
+
+
+def test_an_operator_pauses_and_resumes_a_connection_from_the_console(
+    dsn: str, services: Services
+) -> None:
+    """The Admission page lists each connection and pauses or resumes it with a reason, as
+    the API does; a form from another origin, or without a reason, changes nothing."""
+    service, _ = services.deploy(["subject-lookup"], RECORDS)
+    origin = {"Origin": service.url}
+    page = service.http.get("/console/admission")
+    assert page.status_code == 200 and 'id="connection-records"' in page.text
+    form = Forms(page.text).by_button("Pause records")
+    forged = service.http.post(form.action, data={**form.fields, "reason": REASON})
+    assert forged.status_code == 403
+    unexplained = service.http.post(form.action, data=dict(form.fields), headers=origin)
+    assert unexplained.status_code == 400 and "request.reason-missing" in unexplained.text
+    assert service.http.get("/v1/connections").json()["connections"][0]["paused"] is None
+
+    taken = service.http.post(form.action, data={**form.fields, "reason": REASON}, headers=origin)
+    assert taken.status_code == 303, taken.text
+    shown = service.http.get(taken.headers["location"])
+    assert "The connection is paused" in shown.text and REASON in shown.text
+    resume = Forms(shown.text).by_button("Resume records")
+    back = service.http.post(resume.action, data={**resume.fields, "reason": "ok"}, headers=origin)
+    assert back.status_code == 303
+    assert service.http.get("/v1/connections").json()["connections"][0]["paused"] is None

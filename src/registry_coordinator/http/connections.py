@@ -17,7 +17,8 @@ from registry_coordinator.http.requests import authenticated, body_json, instant
 from registry_coordinator.store import pauses
 
 
-def _known(context: Context, name: str) -> None:
+def known(context: Context, name: str) -> None:
+    """Refuse (404) a connection ``name`` this service does not configure."""
     if name not in context.products:
         raise Problem(
             404,
@@ -27,18 +28,23 @@ def _known(context: Context, name: str) -> None:
         )
 
 
+async def paused_by_name(context: Context) -> list[tuple[str, str, pauses.Pause | None]]:
+    """Every configured connection by name, its product, and its pause if it is paused:
+    as the API lists them and the console shows them."""
+    paused = {pause.connection: pause for pause in await pauses.paused(context.db)}
+    return [(n, p.config.product, paused.get(n)) for n, p in sorted(context.products.items())]
+
+
 async def listing(context: Context) -> Response:
     """Every configured connection, its product, and its pause if it is paused."""
     who = await authenticated(context)
     who.require_operator()
-    paused = {pause.connection: pause for pause in await pauses.paused(context.db)}
     listed: list[JSON] = []
-    for name, product in sorted(context.products.items()):
-        pause = paused.get(name)
+    for name, product, pause in await paused_by_name(context):
         listed.append(
             {
                 "name": name,
-                "product": product.config.product,
+                "product": product,
                 "paused": None
                 if pause is None
                 else {"since": instant(pause.since), "by": pause.actor, "reason": pause.reason},
@@ -52,7 +58,7 @@ async def _asked(context: Context, name: str) -> tuple[str, str]:
     who = await authenticated(context)
     who.require_operator()
     reason = require_reason(await body_json())
-    _known(context, name)
+    known(context, name)
     return who.actor, reason
 
 

@@ -24,7 +24,7 @@ from quart import Response
 
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.http import admission, operations, runs, subjects
+from registry_coordinator.http import admission, connections, operations, runs, subjects
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.pages import Sent, page
 from registry_coordinator.http.console.render import redirect
@@ -33,7 +33,7 @@ from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import HoldCode
-from registry_coordinator.store import console_reads, keys
+from registry_coordinator.store import console_reads, keys, pauses
 
 _ADMISSION = {"hold": True, "release": False}
 
@@ -309,3 +309,20 @@ async def subject_extract(context: Context) -> Response:
     answer.headers["Content-Disposition"] = 'attachment; filename="subject-report.json"'
     answer.headers["Cache-Control"] = "no-store"
     return answer
+
+
+async def connection_take(context: Context, name: str, action: str) -> Response:
+    """Pause or resume a connection, with the reason the form gives, as the API does;
+    then the Admission page, which shows it."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    who.caller.require_operator()
+    if action not in ("pause", "resume"):
+        raise Problem(404, "route.not-found", f"no connection action {action}: pause or resume")
+    reason = require_reason(form)
+    connections.known(context, name)
+    if action == "pause":
+        await pauses.pause(context.db, name, who.caller.actor, reason)
+    else:
+        await pauses.resume(context.db, name, who.caller.actor, reason)
+    return redirect("/console/admission?" + urlencode({"done": f"connection-{action}"}))

@@ -23,7 +23,7 @@ from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.drawing import dot
 from registry_coordinator.authoring.workflow import Call
-from registry_coordinator.http import probes, runs
+from registry_coordinator.http import connections, probes, runs
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.render import html
 from registry_coordinator.http.console.visitors import CSRF_COOKIE, Visitor, set_cookie, visitor
@@ -310,9 +310,19 @@ async def workflow_page(context: Context, digest: str) -> Response:
 async def admission_page(context: Context) -> Response:
     who = await visitor(context)
     state = await console_reads.admission(context.db)
-    events = await console_reads.admission_events(context.db) if who.caller.operator else []
+    operator = who.caller.operator
+    events = await console_reads.admission_events(context.db) if operator else []
+    paused = await connections.paused_by_name(context) if operator else []
     done = request.args.get("done")
-    return await page(context, who, "admission.html", admission=state, events=events, done=done)
+    return await page(
+        context,
+        who,
+        "admission.html",
+        admission=state,
+        events=events,
+        done=done,
+        connections=paused,
+    )
 
 
 async def erasure_page(context: Context) -> Response:

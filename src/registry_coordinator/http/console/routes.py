@@ -46,6 +46,7 @@ ROUTES = (
     route("/console/admission", get=pages.admission_page),
     route("/console/admission/<change>", post=actions.admission_take),
     route("/console/admission/<change>/review", post=actions.admission_review),
+    route("/console/connections/<name>/<action>", post=actions.connection_take),
     route("/console/erasures", get=pages.erasure_page, post=actions.erasure_take),
     route("/console/erasures/review", post=actions.erasure_review),
     route("/console/subject-reports", get=pages.subject_report_page, post=actions.subject_report),
