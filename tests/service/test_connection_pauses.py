@@ -38,6 +38,10 @@ def test_a_paused_connection_sends_nothing_until_resumed(dsn: str, services: Ser
     assert run_state(dsn, run)["state"] == RunState.RUNNING  # waiting its turn, not held
     assert products.requests("breg", "GET", "/v1/records/") == []
     assert service.http.get("/ready").json()["parts"]["connections"]["paused"] == ["records"]
+    assert (
+        'coordinator_connection_paused{connection="records"} 1.0'
+        in service.http.get("/metrics").text
+    )
     [listed] = service.http.get("/v1/connections").json()["connections"]
     assert listed["name"] == "records" and listed["paused"]["reason"] == REASON
     shown = coordinator("connections", "list", "--url", service.url)

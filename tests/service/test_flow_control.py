@@ -63,3 +63,5 @@ def test_a_retry_after_holds_back_the_whole_connection(dsn: str, services: Servi
     )
     assert refused["status"] == 429 and len(after) == 2
     assert all(r["at"] - refused["at"] >= 2 for r in after), (refused, after)
+    scraped = service.http.get("/metrics").text
+    assert 'coordinator_connection_slowdowns{connection="records"} 1.0' in scraped

@@ -116,4 +116,6 @@ async def scrape(context: Context) -> None:
         metrics.pool_queued.labels(name).set(
             max(0, product.queued - product.limiter.borrowed_tokens)
         )
+        metrics.connection_paused.labels(name).set(1 if product.paused else 0)
+        metrics.connection_slowed.labels(name).set(product.pace.pauses)
     metrics.listener.set(1 if context.listener.connected else 0)

@@ -86,6 +86,14 @@ class Metrics:
         self.pool_queued = self._gauge(
             "pool_queued", "Calls waiting for a slot per connection", "connection"
         )
+        self.connection_paused = self._gauge(
+            "connection_paused", "1 while an operator pauses the connection, as heard", "connection"
+        )
+        self.connection_slowed = self._gauge(
+            "connection_slowdowns",
+            "Times the product asked the connection to slow down (429/503 Retry-After)",
+            "connection",
+        )
         # Waking: timers, result webhooks and the database listener.
         self.timer_lateness = self._latency(
             "timer_lateness_seconds",
