@@ -37,11 +37,12 @@ def test_a_product_given_a_rate_never_sees_more(dsn: str, services: Services) ->
         wait_state(dsn, run, RunState.FINISHED)
     arrived = sorted(r["at"] for r in products.requests("breg", "GET", "/v1/records/"))
     assert len(arrived) == 20
-    # Any k requests in a row span at least (k - burst) intervals; over ten in a row, a
-    # few milliseconds of the product's own scheduling are no matter.
+    # Any k requests in a row span at least (k - burst) intervals; over ten in a row, the
+    # product's own scheduling on a loaded machine (a stalled handler) is allowed 0.3 s:
+    # without the limit the twenty arrive within a fraction of that.
     interval = 1 / PER_SECOND
     for i in range(len(arrived) - 10):
-        assert arrived[i + 10] - arrived[i] >= (10 - BURST) * interval - 0.05, arrived
+        assert arrived[i + 10] - arrived[i] >= (10 - BURST) * interval - 0.3, arrived
 
 
 def test_a_retry_after_holds_back_the_whole_connection(dsn: str, services: Services) -> None:

@@ -618,8 +618,9 @@ class Calls:
         await self._go_on(definition, committed)
 
     async def _parked(self, run: store.Claimed, product: Product) -> bool:
-        """Whether the run was parked for its connection's pause, nothing sealed; False if
-        the database says the pause was lifted meanwhile (the run goes on)."""
+        """Whether the run stops here, nothing sealed: parked for its connection's pause,
+        or the pause still stands and the claim was lost; False if the database says the
+        pause was lifted meanwhile (the run goes on)."""
         name = product.config.name
         with trio.CancelScope(shield=True):
             if await pauses.park(self.db, run.id, run.token, name):
@@ -627,8 +628,10 @@ class Calls:
                     "connection %s is paused: the run waits for it", name, extra={"run": run.id}
                 )
                 return True
-        product.paused = False  # this process has not heard of the resume yet
-        return False
+            # Not parked: the pause was lifted (this process has not heard yet), or the
+            # claim is gone. Ask the database which, rather than send over a pause.
+            product.paused = name in {p.connection for p in await pauses.paused(self.db)}
+        return product.paused
 
     def _addressed(
         self,
