@@ -103,6 +103,7 @@ TREE = {
         **REMOTE,
         "--state": OPTIONAL,
         "--workflow": OPTIONAL,
+        "--field": OPTIONAL,
         "--limit": OPTIONAL,
         "--cursor": OPTIONAL,
         "--archived": OPTIONAL,

@@ -17,24 +17,11 @@ from registry_coordinator.authoring.definition import (
     Definition,
     SubjectMissing,
 )
-from tests.support import WORKFLOWS
-
-TUTORIAL = (WORKFLOWS / "review-application" / "workflow.yaml").read_text()
-DEADLINE = "deadline: P60D\n"
-
-
-def checked(
-    tmp_path: Path, subject: str, field: str = "subject: {}"
-) -> tuple[Definition | None, list[tuple[str, str]]]:
-    """The tutorial's workflow checked with ``field`` (the subject, unless told) added."""
-    path = tmp_path / "workflow.yaml"
-    path.write_text(TUTORIAL.replace(DEADLINE, f"{DEADLINE}{field.format(subject)}\n"))
-    report = check_source(path)
-    return report.definition, [(d.code, d.message) for d in report.diagnostics]
+from tests.support import TUTORIAL, tutorial_with
 
 
 def test_a_subject_over_the_input_gives_the_inputs_field(tmp_path: Path) -> None:
-    definition, found = checked(tmp_path, "input.applicationId")
+    definition, found = tutorial_with(tmp_path, "input.applicationId")
     assert found == []
     assert definition is not None
     assert definition.subject_of({"applicationId": "a-1"}) == "a-1"
@@ -62,7 +49,7 @@ def test_a_workflow_without_a_subject_gives_none(tmp_path: Path) -> None:
 def test_a_subject_that_is_not_a_string_of_the_input_is_refused(
     tmp_path: Path, subject: str, code: str, words: str
 ) -> None:
-    definition, found = checked(tmp_path, subject)
+    definition, found = tutorial_with(tmp_path, subject)
     assert definition is None
     assert [c for c, _ in found] == [code]
     assert words in found[0][1]
@@ -70,7 +57,7 @@ def test_a_subject_that_is_not_a_string_of_the_input_is_refused(
 
 @pytest.fixture(scope="module")
 def by_applicant(tmp_path_factory: pytest.TempPathFactory) -> Definition:
-    definition, _ = checked(tmp_path_factory.mktemp("subject"), "input.applicationId")
+    definition, _ = tutorial_with(tmp_path_factory.mktemp("subject"), "input.applicationId")
     assert definition is not None
     return definition
 
@@ -105,13 +92,13 @@ KEYED = "concurrency: {{key: {}}}"
 
 def test_a_concurrency_key_over_the_input_survives_packaging(tmp_path: Path) -> None:
     """Checked as the subject is, and kept in the artifact a run is admitted under."""
-    definition, found = checked(tmp_path, "input.applicationId", KEYED)
+    definition, found = tutorial_with(tmp_path, "input.applicationId", KEYED)
     assert found == [] and definition is not None
     packaged = load(build(definition), "artifact.json", trusted=True)
     assert packaged.concurrency_of({"applicationId": "a-1"}) == "a-1"
     assert packaged.subject_of({"applicationId": "a-1"}) is None
     with pytest.raises(ConcurrencyKeyMissing, match=r"concurrency key `input\.applicationId`"):
         packaged.concurrency_of({"applicationId": ""})
-    refused, said = checked(tmp_path, "run.id", KEYED)
+    refused, said = tutorial_with(tmp_path, "run.id", KEYED)
     assert refused is None and said[0][0] == "workflow.concurrency-key"
     assert "the concurrency key reads run.id" in said[0][1]

@@ -165,6 +165,10 @@ REVERSALS: dict[int, str] = {
         DROP TABLE connection_pauses;
         DELETE FROM coordinator_migrations WHERE version = 23;
     """,
+    24: """
+        DROP TABLE run_search;
+        DELETE FROM coordinator_migrations WHERE version = 24;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

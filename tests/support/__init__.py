@@ -83,6 +83,7 @@ from tests.support.documents import (
     digest_of_yaml,
     edges,
     reachable,
+    tutorial_with,
 )
 from tests.support.forgery import chained, resigned
 from tests.support.forms import Form, Forms
@@ -270,6 +271,7 @@ __all__ = [
     "stay",
     "summary",
     "token",
+    "tutorial_with",
     "unanswered",
     "unanswered_requests",
     "until",

@@ -1,15 +1,17 @@
 """Workflow documents read in this process: checked against the built-in catalog, their
 digest, their steps' graph (its edges, what is reachable from a step), and the tutorial's
-workflow with its digest."""
+workflow with its digest, and that workflow checked with a top-level field added."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from registry_coordinator.authoring.artifact import build
+from registry_coordinator.authoring.artifact import build, check_source
 from registry_coordinator.authoring.canonical import digest_of
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.checker import CheckReport, check_document
+from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.source import SourceMap, load_yaml
 from tests.support.paths import WORKFLOWS
 
@@ -50,3 +52,15 @@ TUTORIAL = (WORKFLOWS / "review-application" / "workflow.yaml").read_text()
 
 
 TUTORIAL_DIGEST = digest_of_yaml(TUTORIAL)
+
+
+def tutorial_with(
+    tmp_path: Path, value: str, field: str = "subject: {}"
+) -> tuple[Definition | None, list[tuple[str, str]]]:
+    """The tutorial's workflow checked from a file with the top-level ``field`` (``value``
+    put in it) added: its definition, and each diagnostic's code and message."""
+    path = tmp_path / "workflow.yaml"
+    deadline = "deadline: P60D\n"
+    path.write_text(TUTORIAL.replace(deadline, f"{deadline}{field.format(value)}\n"))
+    report = check_source(path)
+    return report.definition, [(d.code, d.message) for d in report.diagnostics]

@@ -55,6 +55,7 @@ from registry_coordinator.authoring.workflow import (
 MAX_STEPS = 64
 MAX_CONNECTIONS = 32
 MAX_OUTCOMES = 64
+MAX_SEARCH_FIELDS = 8
 
 
 class _Checker:
@@ -107,6 +108,14 @@ class _Checker:
                     "split the process into smaller workflows",
                     (what,),
                 )
+        if len(wf.search) > MAX_SEARCH_FIELDS:
+            self.report(
+                "limit.search-fields",
+                f"the workflow has {len(wf.search)} search fields; at most "
+                f"{MAX_SEARCH_FIELDS} are allowed",
+                "keep the fields operators find runs by, and read the rest from the run",
+                ("search",),
+            )
         for step_id in wf.steps:
             if step_id in RESERVED:
                 self.report(
@@ -336,15 +345,38 @@ class _Checker:
             "write the key from the input, for example concurrency: {key: input.applicationId}",
         )
 
+    def search_fields(self) -> dict[str, Compiled]:
+        """The workflow's ``search`` fields, each compiled over the input alone to give a
+        string or an integer: a run's fields are kept at its admission."""
+        compiled = {}
+        for name, text in self.workflow.search.items():
+            program = self._over_input(
+                text,
+                ("search", name),
+                "workflow.search-field",
+                f"the search field {name}",
+                f"write the field from the input, for example {name}: input.{name}",
+                ("STRING", "INT"),
+            )
+            if program is not None:
+                compiled[name] = program
+        return compiled
+
     def _over_input(
-        self, text: str | None, path: DataPath, code: str, what: str, repair: str
+        self,
+        text: str | None,
+        path: DataPath,
+        code: str,
+        what: str,
+        repair: str,
+        expect: tuple[str, ...] = ("STRING",),
     ) -> Compiled | None:
-        """``text`` at ``path``, compiled over the input alone to give a string; refused
-        with ``code`` where it reads anything else (the run has not begun)."""
+        """``text`` at ``path``, compiled over the input alone to give one of ``expect``;
+        refused with ``code`` where it reads anything else (the run has not begun)."""
         if text is None:
             return None
         try:
-            return Environment(None).compile(text, ("STRING",))
+            return Environment(None).compile(text, expect)
         except CompileError as exc:
             for problem in exc.problems:
                 if problem.kind != "undeclared":
@@ -673,6 +705,7 @@ def check_document(
     programs, templates = checker.expressions()
     subject = checker.subject()
     concurrency = checker.concurrency_key()
+    search = checker.search_fields()
     if errors(checker.diagnostics) and not trusted:
         return CheckReport(None, diagnostics + checker.diagnostics)
     definition = Definition(
@@ -685,6 +718,7 @@ def check_document(
         programs=programs,
         subject=subject,
         concurrency=concurrency,
+        search=search,
     )
     if trusted and not _compiled(definition):
         return CheckReport(None, _unusable(diagnostics + checker.diagnostics, trusted))
@@ -709,6 +743,8 @@ def _compiled(definition: Definition) -> bool:
     if definition.workflow.subject is not None and definition.subject is None:
         return False
     if definition.workflow.concurrency_key is not None and definition.concurrency is None:
+        return False
+    if definition.search.keys() != definition.workflow.search.keys():
         return False
     for step_id in definition.scopes:
         step = definition.step(step_id)

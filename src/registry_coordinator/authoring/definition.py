@@ -45,6 +45,7 @@ class Definition:
     programs: dict[str, dict[str, Compiled]]  # step id -> expression source -> program
     subject: Compiled | None = None  # the workflow's subject, over the input alone
     concurrency: Compiled | None = None  # its concurrency key, over the input alone
+    search: dict[str, Compiled] = field(default_factory=dict)  # its search fields, by name
     _validators: dict[int, jsonschema.Draft202012Validator] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -73,6 +74,22 @@ class Definition:
         """The key a run of ``run_input`` is one live run of at most (None: the workflow
         names none); :class:`ConcurrencyKeyMissing` if the key gives none for it."""
         return _string_of(self.concurrency, run_input, "concurrency key", ConcurrencyKeyMissing)
+
+    def search_of(self, run_input: JSON) -> dict[str, str]:
+        """The search fields a run of ``run_input`` is found by, each as text: a string
+        as it is, an integer in decimal. A field the input gives no non-empty string or
+        integer for is left out (the run is not found by it); a search never refuses."""
+        found = {}
+        for name, compiled in self.search.items():
+            try:
+                value = compiled.evaluate(variables_of_input(run_input))
+            except EvaluationError:
+                continue
+            if isinstance(value, int) and not isinstance(value, bool):
+                found[name] = str(value)
+            elif isinstance(value, str) and value:
+                found[name] = value
+        return found
 
     def render(self, step_id: str, variables: Activation) -> JSON:
         """Evaluate a call's input or a finish's output for a run."""

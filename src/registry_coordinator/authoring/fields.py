@@ -106,15 +106,13 @@ class Reader:
         path: DataPath,
         *,
         key: bool = False,
+        repair: str = "use lower-case letters, digits and the allowed separators, "
+        "starting with a letter",
     ) -> str | None:
         if value is None or pattern.match(value):
             return value
         self.report(
-            code,
-            f"{what} {value!r} does not match {pattern.pattern}",
-            "use lower-case letters, digits and the allowed separators, starting with a letter",
-            path,
-            key=key,
+            code, f"{what} {value!r} does not match {pattern.pattern}", repair, path, key=key
         )
         return None
 

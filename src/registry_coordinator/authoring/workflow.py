@@ -23,6 +23,7 @@ WORKFLOW_ID = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
 VERSION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 STEP_ID = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
+SEARCH_NAME = re.compile(r"^[a-z][A-Za-z0-9]{0,39}$")
 MAX_DEADLINE = timedelta(days=366)
 
 
@@ -157,6 +158,10 @@ class Workflow:
     #: input (``concurrency: {key: input.applicationId}``): a start for a key whose run is
     #: live is refused, naming the run.
     concurrency_key: str | None = None
+    #: The business fields a run is found by (``search: {applicationId:
+    #: input.applicationId}``): each name's CEL expression over the input, its value kept
+    #: as a keyed digest and matched exactly.
+    search: dict[str, str] = field(default_factory=dict)
 
 
 def read_workflow(
@@ -173,7 +178,7 @@ def read_workflow(
         (),
         "the workflow",
         ["apiVersion", "kind", "id", "version", "deadline", "input", "outcomes", "start", "steps"],
-        ["title", "description", "connections", "subject", "concurrency"],
+        ["title", "description", "connections", "subject", "concurrency", "search"],
     )
     _header(reader, root)
     wf_id = reader.matching(
@@ -195,6 +200,7 @@ def read_workflow(
     deadline = _deadline(reader, root)
     subject = reader.string(root, "subject", (), "the workflow")
     concurrency_key = _concurrency_key(reader, root)
+    search = _search(reader, root.get("search", {}))
     input_schema = root.get("input")
     if "input" in root and not isinstance(input_schema, dict | bool):
         reader.report(
@@ -225,6 +231,7 @@ def read_workflow(
         document=document,
         subject=subject,
         concurrency_key=concurrency_key,
+        search=search,
     )
     return workflow, reader.diagnostics
 
@@ -239,6 +246,28 @@ def _concurrency_key(reader: Reader, root: dict[str, JSON]) -> str | None:
         return None
     reader.fields(data, path, "concurrency", ["key"], [])
     return reader.string(data, "key", path, "concurrency")
+
+
+def _search(reader: Reader, value: JSON) -> dict[str, str]:
+    """``search: {NAME: EXPR, ...}``: each well-named field's expression."""
+    data = reader.mapping(value, ("search",), "search") or {}
+    fields: dict[str, str] = {}
+    for name in data:
+        path = ("search", name)
+        if reader.matching(
+            name,
+            SEARCH_NAME,
+            "search.bad-name",
+            "the search field name",
+            path,
+            key=True,
+            repair="name it in camelCase: a lower-case letter, then letters and digits "
+            "(applicationId)",
+        ):
+            expression = reader.string(data, name, ("search",), "search")
+            if expression is not None:
+                fields[name] = expression
+    return fields
 
 
 def _header(reader: Reader, root: dict[str, JSON]) -> None:

@@ -49,6 +49,12 @@ def add_commands(commands: Commands) -> None:
     listing = actions.add_parser("list", parents=[common], help="list runs, newest first")
     listing.add_argument("--state")
     listing.add_argument("--workflow")
+    listing.add_argument(
+        "--field",
+        action="append",
+        metavar="NAME:VALUE",
+        help="runs whose search field NAME is exactly VALUE (repeat: every one)",
+    )
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--cursor")
     listing.add_argument(

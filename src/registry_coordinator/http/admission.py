@@ -124,7 +124,10 @@ def _checked(
         concurrency = pinned.definition.concurrency_of(given)
     except ConcurrencyKeyMissing as exc:
         raise Problem(422, "input.no-concurrency-key", str(exc)) from None
-    return store.Start(pinned.definition, pinned.digest, key, given, version, subject, concurrency)
+    search = pinned.definition.search_of(given)
+    return store.Start(
+        pinned.definition, pinned.digest, key, given, version, subject, concurrency, search
+    )
 
 
 #: Why the store may not admit a start.
@@ -194,6 +197,7 @@ async def start(
             traceparent=serving.start(run_id),
             subject=asked.subject,
             concurrency=asked.concurrency,
+            search=asked.search,
         )
     except (
         store.AdmissionHeld,

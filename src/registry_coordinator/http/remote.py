@@ -110,7 +110,9 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
         key = args.key or uuid.uuid4().hex
         return "POST", "/v1/runs", body, {}, {"Idempotency-Key": key}
     if action == "list":
-        params = {"limit": args.limit}
+        params: dict[str, Any] = {"limit": args.limit}
+        if args.field:
+            params["field"] = args.field
         params.update(
             {
                 k: v

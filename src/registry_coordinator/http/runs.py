@@ -202,6 +202,38 @@ def _state(text: str | None) -> RunState | None:
         ) from None
 
 
+def search_fields(
+    context: Context, workflow: str | None, given: Sequence[str]
+) -> tuple[tuple[str, str], ...]:
+    """``field`` filters (``NAME:VALUE``, each matched exactly) as the store takes them,
+    refused unless ``workflow`` (or, not named, some pinned workflow) declares NAME."""
+    declared = {
+        name
+        for pinned in context.workflows.pinned
+        if workflow is None or pinned.definition.id == workflow
+        for name in pinned.definition.search
+    }
+    fields = []
+    for text in given:
+        name, colon, value = text.partition(":")
+        if not colon or not value or not storable(value):
+            raise Problem(
+                400,
+                "request.invalid-filter",
+                "field must be NAME:VALUE, a search field's name and the exact value to find",
+            )
+        if name not in declared:
+            said = (
+                f"workflow {workflow} declares no search field {name}"
+                if workflow is not None
+                else f"no workflow declares the search field {name}"
+            )
+            known = f" (declared: {', '.join(sorted(declared))})" if declared else ""
+            raise Problem(400, "request.invalid-filter", f"{said}{known}")
+        fields.append((name, value))
+    return tuple(fields)
+
+
 def visible_to(who: Caller) -> tuple[str | None, frozenset[str] | None]:
     """Whose runs ``who`` may read (None: everyone's), of which workflows (None: all): an
     operator every run, a client its own of the workflows its policies let it read."""
@@ -225,10 +257,19 @@ async def listing(context: Context) -> Response:
     archived = request.args.get("archived", "false")
     if archived not in ("true", "false"):
         raise Problem(400, "request.invalid-filter", "archived must be true or false")
+    fields = search_fields(context, workflow, request.args.getlist("field"))
     caller, readable = visible_to(who)
-    which = store.RunFilter(caller=caller, readable=readable, state=state, workflow=workflow)
+    which = store.RunFilter(
+        caller=caller, readable=readable, state=state, workflow=workflow, fields=fields
+    )
     after = cursor(request.args.get("cursor"))
     if archived == "true":
+        if fields:
+            raise Problem(
+                400,
+                "request.invalid-filter",
+                "archived runs are not found by search fields: leave out field, or archived",
+            )
         gone_runs = await store.archived_page(context.db, which, after, limit + 1)
         return _page(gone_runs, limit, archived_status)
     return _page(await store.runs_page(context.db, which, after, limit + 1), limit, run_status)

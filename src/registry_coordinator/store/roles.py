@@ -36,6 +36,7 @@ GRANTS: dict[str, tuple[str, ...]] = {
     "feed_cursors": ("SELECT", "INSERT", "UPDATE"),
     "restores": ("SELECT", "INSERT", "UPDATE"),
     "run_events": ("SELECT", "INSERT"),
+    "run_search": ("SELECT", "INSERT", "DELETE"),
     "runs": ("SELECT", "INSERT", "UPDATE"),
     "timeline": ("SELECT", "UPDATE"),
     "waits": ("SELECT", "INSERT", "DELETE"),

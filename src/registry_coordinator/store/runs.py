@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -215,19 +215,29 @@ class Start:
     asked_version: str | None = None
     subject: str | None = None
     concurrency: str | None = None  # its concurrency key (:meth:`Definition.concurrency_of`)
+    search: dict[str, str] = field(default_factory=dict)  # :meth:`Definition.search_of`
 
 
 #: What became of one start: its run, or why a single start would be refused.
 StartOutcome = Admitted | KeyReused | StartArchived | AdmissionHeld | RunConcurrent
 
 
+def _kept(sealer: Sealer | None, given: JSON) -> str:
+    """A value a run is found by as the database keeps it: keyed, with custody, as a start
+    digest is (:meth:`Sealer.digest`), so a dump cannot confirm a guessed id."""
+    text = canonical_bytes(given)
+    return digest_of(text) if sealer is None else sealer.digest(text)
+
+
 def _concurrency_key(sealer: Sealer | None, workflow: str, key: str | None) -> str | None:
-    """A concurrency key as ``runs.concurrency_key`` keeps it: keyed, with custody, as a
-    start digest is (:meth:`Sealer.digest`), so a dump cannot confirm a guessed id."""
-    if key is None:
-        return None
-    given = canonical_bytes({"workflow": workflow, "concurrency": key})
-    return digest_of(given) if sealer is None else sealer.digest(given)
+    """A concurrency key as ``runs.concurrency_key`` keeps it."""
+    return None if key is None else _kept(sealer, {"workflow": workflow, "concurrency": key})
+
+
+def _search_terms(sealer: Sealer | None, fields: Iterable[tuple[str, str]]) -> list[str]:
+    """Search fields (name and value) as ``run_search`` keeps them, one term per field,
+    distinct: the same name and value give the same term whichever workflow declares it."""
+    return sorted({_kept(sealer, {"search": name, "value": value}) for name, value in fields})
 
 
 async def admit(
@@ -243,13 +253,15 @@ async def admit(
     traceparent: str | None = None,
     subject: str | None = None,
     concurrency: str | None = None,
+    search: dict[str, str] | None = None,
 ) -> Admitted:
     """Create a run due at once (its id ``run_id``, else a new one), or find the one this
     caller's key already started (even while admission is held: that start was admitted
     before the hold); or raise why not, as :func:`admit_many` says. ``traceparent`` is the
     W3C trace context the run's spans continue (its request's span); ``subject`` its data
     subject, whose key seals its data (:meth:`Definition.subject_of`); ``concurrency`` its
-    concurrency key, refused (:class:`RunConcurrent`) while a run of it is live. One statement when
+    concurrency key, refused (:class:`RunConcurrent`) while a run of it is live; ``search``
+    the fields it is found by (:meth:`Definition.search_of`). One statement when
     the run is created (one statement of a single row costs half what the batch's does for
     one), one more when not.
     """
@@ -257,6 +269,7 @@ async def admit(
     started = StartDigest.of(sealer, definition.id, asked_version, run_input)
     run_id = run_id or uuid.uuid4()
     kept = _concurrency_key(sealer, definition.id, concurrency)
+    terms = _search_terms(sealer, (search or {}).items())
     subjects = _Subjects(db, [subject])
     while True:
         [subject_key] = await subjects.resolve()
@@ -276,6 +289,7 @@ async def admit(
             "detail": {"workflow": definition.id, "version": definition.version, "digest": digest},
             "traceparent": traceparent,
             "concurrency_key": kept,
+            "search_terms": terms,
         }
         gate = await db.row("admit_run", params)
         assert gate is not None, "schema 7 gives admission its row"
@@ -348,6 +362,7 @@ async def admit_many(
         for start in starts
     }
     run_ids = list(ids) if ids is not None else [uuid.uuid4() for _ in starts]
+    terms = [_search_terms(sealer, start.search.items()) for start in starts]
     contexts = list(traceparents) if traceparents is not None else [None] * len(starts)
     subjects = _Subjects(db, [start.subject for start in starts])
     shared = sealer.key.id if sealer is not None else None
@@ -371,6 +386,8 @@ async def admit_many(
             "data_key": shared,
             "subject_keys": [subject_keys[n] for n in pending],
             "concurrency_keys": [concurrent[start.start_key][1] for start in some],
+            "search_ids": [run_ids[n] for n in pending for _ in terms[n]],
+            "search_terms": [term for n in pending for term in terms[n]],
             "steps": [start.definition.workflow.start for start in some],
             "deadlines": [start.definition.workflow.deadline for start in some],
         }
@@ -986,7 +1003,8 @@ class RunFilter:
     ``started_by`` asks for the runs one caller started, within what ``caller`` lets the
     listing show; ``since`` and ``until`` bound ``admitted_at`` as [since, until);
     ``text`` is found, ignoring case, in a run's start key or its input's JSON text,
-    taken literally (``%`` and ``_`` are not wildcards).
+    taken literally (``%`` and ``_`` are not wildcards); ``fields`` are search fields
+    (name and value) a run's workflow declared and its input gave, every one exactly.
     """
 
     caller: str | None
@@ -998,6 +1016,7 @@ class RunFilter:
     since: datetime | None = None
     until: datetime | None = None
     text: str | None = None
+    fields: tuple[tuple[str, str], ...] = ()
 
 
 def _containing(text: str | None) -> str | None:
@@ -1022,6 +1041,7 @@ async def runs_page(
             "since": which.since,
             "until": which.until,
             "contains": _containing(which.text),
+            "terms": _search_terms(db.sealer, which.fields) if which.fields else None,
             "limit": limit,
         },
     )

@@ -198,6 +198,9 @@ async def runs_page(context: Context) -> Response:
         since=_moment("since"),
         until=_moment("until"),
         text=args.get("q") or None,
+        fields=runs.search_fields(
+            context, args.get("workflow") or None, [args["field"]] if args.get("field") else []
+        ),
     )
     found = await store.runs_page(context.db, filters, cursor(args.get("cursor")), PAGE_SIZE + 1)
     shown = found[:PAGE_SIZE]
@@ -215,6 +218,7 @@ async def runs_page(context: Context) -> Response:
         args=args,
         states=list(RunState),
         workflows=sorted({p.definition.id for p in context.workflows.pinned}),
+        search_names=sorted({n for p in context.workflows.pinned for n in p.definition.search}),
     )
 
 

@@ -55,8 +55,9 @@ SELECT artifact FROM definitions WHERE digest = %(digest)s;
 -- (which updates that row) and a start serialize, so a start that commits after a hold
 -- has seen it. A run sealed under its subject's key (%(subject_key)s) is admitted only while
 -- that key is live, shared-locked as erasure locks it (lock_subject_data_key): stale_keys
--- names it otherwise. Returns admission as it stood, and the run admitted, if one was, with
--- its status as run_status shows it. (admit_runs does the same for many starts.)
+-- names it otherwise. The terms its search fields give are kept beside it (run_search).
+-- Returns admission as it stood, and the run admitted, if one was, with its status as
+-- run_status shows it. (admit_runs does the same for many starts.)
 WITH gate AS MATERIALIZED (
     SELECT held, reason, actor, data_key AS reason_key FROM admission FOR SHARE
 ), subject AS MATERIALIZED (
@@ -82,6 +83,9 @@ WITH gate AS MATERIALIZED (
     INSERT INTO run_events (run_id, seq, at, kind, step, actor, detail)
     SELECT id, 1, admitted_at, 'admitted', step, %(caller)s, %(detail)s FROM admitted
     RETURNING run_id, hash, detail ->> 'version' AS version
+), searched AS (  -- the terms it is found by (run_search)
+    INSERT INTO run_search (term, run_id)
+    SELECT term, id FROM admitted, unnest(%(search_terms)s::text[]) AS term
 )
 SELECT gate.held, gate.reason, gate.actor, gate.reason_key,
        ARRAY(SELECT %(subject_key)s::bigint WHERE %(subject_key)s IS NOT NULL
@@ -138,6 +142,11 @@ WITH gate AS MATERIALIZED (
                               'digest', r.digest)
     FROM admitted r JOIN definitions d ON d.digest = r.digest
     RETURNING run_id, hash, detail ->> 'version' AS version
+), searched AS (  -- the terms each run admitted is found by, given beside its id
+    INSERT INTO run_search (term, run_id)
+    SELECT s.term, s.id
+    FROM unnest(%(search_ids)s::uuid[], %(search_terms)s::text[]) AS s (id, term)
+    WHERE s.id IN (SELECT id FROM admitted)
 )
 SELECT gate.held, gate.reason, gate.actor, gate.reason_key,
        ARRAY(SELECT k FROM unnest(%(subject_keys)s::bigint[]) k WHERE k IS NOT NULL
@@ -748,8 +757,9 @@ ORDER BY attempt DESC LIMIT 1;
 -- (all callers' when caller is NULL), of the workflows its policies cover (all when
 -- readable is NULL), then as the filters ask, each NULL when not asked: the state, the
 -- workflow and its version, who started the run (started_by, unlike caller, is a filter
--- and not a limit), admitted in [since, until), and %(contains)s, a LIKE pattern (its
--- user's text escaped by the store) matched against the start key or the input's text.
+-- and not a limit), admitted in [since, until), %(contains)s, a LIKE pattern (its
+-- user's text escaped by the store) matched against the start key or the input's text,
+-- and %(terms)s, the search fields' terms (run_search) a run must have every one of.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
@@ -774,6 +784,9 @@ WHERE (%(caller)s::text IS NULL OR r.caller = %(caller)s)
   AND (%(contains)s::text IS NULL
        OR r.start_key ILIKE %(contains)s
        OR (r.data_key IS NULL AND r.input::text ILIKE %(contains)s))
+  AND (%(terms)s::text[] IS NULL OR r.id IN (  -- every one of its search terms (distinct)
+       SELECT s.run_id FROM run_search s WHERE s.term = ANY (%(terms)s::text[])
+       GROUP BY s.run_id HAVING count(*) = cardinality(%(terms)s::text[])))
 ORDER BY r.admitted_at DESC, r.id DESC
 LIMIT %(limit)s;
 
@@ -1141,13 +1154,17 @@ SELECT id FROM runs WHERE data_key = %(key)s AND ended_at IS NULL ORDER BY admit
 -- A subject's data key destroyed, keeping who, when and why; every process is told.
 --
 -- Every value sealed under it, in the database and in bundles, is unreadable for good,
--- and the payloads of the deliveries its runs waited for are forgotten (schema 18).
+-- the payloads of the deliveries its runs waited for are forgotten (schema 18), and its
+-- runs' search terms (schema 24).
 WITH erased AS (
     UPDATE data_keys
     SET kek = NULL, wrapped = NULL, erased_at = now(), erased_by = %(actor)s,
         erase_reason = %(reason)s
     WHERE id = %(key)s AND erased_at IS NULL
     RETURNING id, erased_at
+), unfound AS (  -- its runs are found by no search field
+    DELETE FROM run_search s USING runs r, erased e
+    WHERE s.run_id = r.id AND r.data_key = e.id
 )
 SELECT e.id, e.erased_at, pg_notify('coordinator_wake', 'erased:' || e.id) AS notified,
        forget_deliveries(e.id) AS deliveries,  -- the webhook payloads its runs waited for
