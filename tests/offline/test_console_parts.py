@@ -17,7 +17,7 @@ from registry_coordinator.authoring.workflow import Workflow
 from registry_coordinator.config import load_config
 from registry_coordinator.http.console import render, wording
 from registry_coordinator.http.console.issuer import challenge, random_token
-from registry_coordinator.http.runs import ACTIONS
+from registry_coordinator.http.routes.runs import ACTIONS
 from registry_coordinator.semantics.codes import HoldCode
 from tests.support import ROOT, WORKFLOWS, refused
 

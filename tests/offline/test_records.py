@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 
 from registry_coordinator import store
-from registry_coordinator.http.runs import run_status
+from registry_coordinator.http.routes.runs import run_status
 from registry_coordinator.semantics.codes import FailureCode, HoldCode, RunState
 from registry_coordinator.store.database import Row
 

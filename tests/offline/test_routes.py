@@ -29,7 +29,7 @@ from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import api
 from registry_coordinator.http.auth import Authenticator
 from registry_coordinator.http.console.issuer import Issuer
-from registry_coordinator.http.probes import openapi_document
+from registry_coordinator.http.routes.probes import openapi_document
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.store.database import Database
 

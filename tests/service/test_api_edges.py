@@ -26,9 +26,9 @@ from registry_coordinator.engine.after_commit import AfterCommit
 from registry_coordinator.engine.sleepers import Sleepers
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Pinned, Workflows
-from registry_coordinator.http import admission
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.routes import admission
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.store.database import Database, sync_connection
 from registry_coordinator.store.operator_actions import set_admission

@@ -22,11 +22,18 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from registry_coordinator.custody import Unopenable
-from registry_coordinator.http import admission, connections, deliveries, probes, runs, subjects
 from registry_coordinator.http.console import routes as console
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem, data_unopenable
 from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body, serving
+from registry_coordinator.http.routes import (
+    admission,
+    connections,
+    deliveries,
+    probes,
+    runs,
+    subjects,
+)
 from registry_coordinator.http.routing import Handler, Route, bound, route
 from registry_coordinator.observability import logs, tracing
 from registry_coordinator.store.database import Unavailable

@@ -24,7 +24,7 @@ from quart import Response
 
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
-from registry_coordinator.http import admission, connections, operations, runs, subjects
+from registry_coordinator.http import operations
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.pages import Sent, page
 from registry_coordinator.http.console.render import redirect
@@ -32,6 +32,7 @@ from registry_coordinator.http.console.visitors import Visitor, checked_form, vi
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
+from registry_coordinator.http.routes import admission, connections, runs, subjects
 from registry_coordinator.semantics.codes import HoldCode
 from registry_coordinator.store import console_reads, keys, pauses
 

@@ -23,13 +23,13 @@ from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.drawing import dot
 from registry_coordinator.authoring.workflow import Call
-from registry_coordinator.http import connections, probes, runs
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.render import html
 from registry_coordinator.http.console.visitors import CSRF_COOKIE, Visitor, set_cookie, visitor
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import cursor, next_cursor
+from registry_coordinator.http.routes import connections, probes, runs
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store import console_reads
 from registry_coordinator.store.console_reads import Execution, HeldWork, Sending

@@ -27,12 +27,12 @@ from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.authoring.definition import ConcurrencyKeyMissing, SubjectMissing
 from registry_coordinator.engine.timers import Timer
 from registry_coordinator.engine.workflows import Workflows
-from registry_coordinator.http.archive import gone
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import require_reason
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import authenticated, body_json, json_response
+from registry_coordinator.http.routes.archive import gone
 from registry_coordinator.observability import tracing
 from registry_coordinator.store import operator_actions
 from registry_coordinator.store.database import Database

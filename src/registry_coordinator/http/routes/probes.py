@@ -31,7 +31,7 @@ LISTED = 100
 @cache
 def openapi_document() -> JSON:
     """The API's OpenAPI document, ``openapi.yaml``, read once."""
-    text = resources.files(__package__).joinpath("openapi.yaml").read_text("utf-8")
+    text = resources.files("registry_coordinator.http").joinpath("openapi.yaml").read_text("utf-8")
     return yaml.safe_load(text)
 
 

@@ -18,8 +18,7 @@ from quart import Response, request
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON, storable
 from registry_coordinator.authoring.expressions import format_instant
-from registry_coordinator.http import admission, operations
-from registry_coordinator.http.archive import archived_status, gone
+from registry_coordinator.http import operations
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Said
@@ -35,6 +34,8 @@ from registry_coordinator.http.requests import (
     problem_body,
     serving,
 )
+from registry_coordinator.http.routes import admission
+from registry_coordinator.http.routes.archive import archived_status, gone
 from registry_coordinator.observability import logs
 from registry_coordinator.semantics.codes import RunState
 
