@@ -56,6 +56,7 @@ from registry_coordinator.engine.worker import Engine
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http.api import ADMIN, Context, create_admin_app, create_app
 from registry_coordinator.http.auth import Authenticator
+from registry_coordinator.http.bulk_runner import BulkRunner
 from registry_coordinator.http.console.issuer import Issuer
 from registry_coordinator.observability import tracing
 from registry_coordinator.observability.metrics import Metrics
@@ -201,10 +202,10 @@ async def _supervise(
     recovery: str | None,
 ) -> None:
     """The nursery: timer, listener, call pools, engine workers, lease keeper, the
-    high-water mark, checkpointer, archiver, HTTP — without the timer, the engine, the
-    mark and the feeds while ``recovery`` says why this process serves operators only.
-    Longer than most (about 80 lines) on purpose: the order tasks start in and the order
-    the service stops in are read, and changed, side by side."""
+    high-water mark, feeds, bulk jobs, checkpointer, archiver, HTTP — without the timer,
+    the engine, the mark, the feeds and bulk jobs while ``recovery`` says why this process
+    serves operators only. Longer than most (about 80 lines) on purpose: the order tasks
+    start in and the order the service stops in are read, and changed, side by side."""
     owner = seat.holder
     audit = config.audit
     checkpointer = Checkpointer(db, audit.signing_key, audit.checkpoint_every, metrics)
@@ -225,6 +226,8 @@ async def _supervise(
     context.recovery = recovery
     context.signing_key = config.audit.signing_key
     context.archive = config.retention.directory
+    bulk = BulkRunner(context, owner)
+    context.bulk_started = listener.bulk = bulk.tell
     app = create_app(context, config.request_body_limit, without=ADMIN if config.admin else ())
     systemd = Notifier()
     systemd.status("starting")
@@ -240,6 +243,7 @@ async def _supervise(
                 await nursery.start(engine.run)
                 for follower in feeds.followers(db, products, timer):
                     await nursery.start(follower.run)
+                await nursery.start(bulk.run)
             else:
                 log.warning("serving operators only: %s", recovery)
             await nursery.start(checkpointer.run)

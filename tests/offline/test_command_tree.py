@@ -123,9 +123,28 @@ TREE = {
     "coordinator admission hold": {**REMOTE, "--reason": REQUIRED},
     "coordinator admission release": {**REMOTE, "--reason": REQUIRED},
     "coordinator connections": {"<action>": REQUIRED},
+    "coordinator bulk": {"<action>": REQUIRED},
     "coordinator connections list": REMOTE,
     "coordinator connections pause": {**REMOTE, "<connection>": REQUIRED, "--reason": REQUIRED},
     "coordinator connections resume": {**REMOTE, "<connection>": REQUIRED, "--reason": REQUIRED},
+    "coordinator bulk preview": {
+        **REMOTE,
+        "--action": REQUIRED,
+        "--workflow": OPTIONAL,
+        "--version": OPTIONAL,
+        "--state": OPTIONAL,
+        "--hold-code": OPTIONAL,
+        "--admitted-after": OPTIONAL,
+        "--admitted-before": OPTIONAL,
+        "--field": OPTIONAL,
+        "--per-second": OPTIONAL,
+    },
+    "coordinator bulk list": REMOTE,
+    "coordinator bulk show": {**REMOTE, "<job>": REQUIRED},
+    **{
+        f"coordinator bulk {change}": {**REMOTE, "<job>": REQUIRED, "--reason": REQUIRED}
+        for change in ("start", "pause", "resume", "cancel")
+    },
     "coordinator erase": {**REMOTE, "--subject": REQUIRED, "--reason": REQUIRED},
     "coordinator demo": {
         "--workflows": OPTIONAL,

@@ -169,6 +169,12 @@ REVERSALS: dict[int, str] = {
         DROP TABLE run_search;
         DELETE FROM coordinator_migrations WHERE version = 24;
     """,
+    25: """
+        DROP TABLE bulk_job_events;
+        DROP TABLE bulk_job_runs;
+        DROP TABLE bulk_jobs;
+        DELETE FROM coordinator_migrations WHERE version = 25;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

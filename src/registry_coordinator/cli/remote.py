@@ -1,6 +1,6 @@
 """The operators' commands to a running service: ``coordinator runs ...``,
-``coordinator admission ...``, ``coordinator connections ...`` and ``coordinator erase``,
-their arguments;
+``coordinator admission ...``, ``coordinator connections ...``, ``coordinator bulk ...``
+and ``coordinator erase``, their arguments;
 :mod:`registry_coordinator.http.remote` sends them and says what came back.
 
 Every remote command takes the same three options (where the service is, the file holding
@@ -23,8 +23,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def add_commands(commands: Commands) -> None:
-    """The ``runs``, ``admission``, ``connections`` and ``erase`` commands, with their
-    common options."""
+    """The ``runs``, ``admission``, ``connections``, ``bulk`` and ``erase`` commands, with
+    their common options."""
     runs = commands.add_parser("runs", help="start, list, inspect and act on runs")
     common = type(runs)(add_help=False)  # a parent only: each command copies its options
     common.add_argument(
@@ -103,6 +103,40 @@ def add_commands(commands: Commands) -> None:
         verb.add_argument("connection")
         verb.add_argument("--reason", required=True)
 
+    bulk = commands.add_parser(
+        "bulk", help="one action on every run a filter finds, as a durable job (operators)"
+    )
+    jobs = bulk.add_subparsers(dest="action", required=True, parser_class=type(runs))
+    preview = jobs.add_parser(
+        "preview", parents=[common], help="find the runs a job would take: nothing is done"
+    )
+    preview.add_argument(
+        "--action",
+        dest="action_name",  # "action" names the subcommand
+        required=True,
+        choices=["cancel", "retry-same", "reconcile"],
+    )
+    preview.add_argument("--workflow")
+    preview.add_argument("--version")
+    preview.add_argument("--state")
+    preview.add_argument("--hold-code")
+    preview.add_argument("--admitted-after", metavar="INSTANT")
+    preview.add_argument("--admitted-before", metavar="INSTANT")
+    preview.add_argument("--field", action="append", metavar="NAME:VALUE")
+    preview.add_argument("--per-second", type=int, help="the rate it takes runs at (default 5)")
+    jobs.add_parser("list", parents=[common], help="the latest jobs")
+    show = jobs.add_parser("show", parents=[common], help="a job's progress and changes")
+    show.add_argument("job")
+    for name, what in (
+        ("start", "start a previewed job: each run's history is given the reason"),
+        ("pause", "take no more runs until it is resumed"),
+        ("resume", "go on taking runs"),
+        ("cancel", "take no more runs, ever"),
+    ):
+        verb = jobs.add_parser(name, parents=[common], help=what)
+        verb.add_argument("job")
+        verb.add_argument("--reason", required=True)
+
     erase = commands.add_parser(
         "erase",
         parents=[common],
@@ -113,7 +147,13 @@ def add_commands(commands: Commands) -> None:
 
 
 def handlers() -> dict[str, Handler]:
-    return {"runs": _remote, "admission": _remote, "connections": _remote, "erase": _remote}
+    return {
+        "runs": _remote,
+        "admission": _remote,
+        "connections": _remote,
+        "bulk": _remote,
+        "erase": _remote,
+    }
 
 
 def _remote(args: argparse.Namespace) -> int:

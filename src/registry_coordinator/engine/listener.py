@@ -7,7 +7,8 @@ process resumes in milliseconds. Notifications are best-effort: after every
 safety net, so correctness never depends on a notification arriving. A data key's
 erasure is told on the same channel: this process's sealer forgets the key at once, and
 after a reconnect every key erased while it was away; so is a connection paused or
-resumed (``store.pauses``): the process reads the pauses again, and after a reconnect.
+resumed (``store.pauses``): the process reads the pauses again, and after a reconnect;
+and a bulk job started or resumed: the bulk runner looks at once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import trio
 
 from registry_coordinator.engine.backoff import LISTENER_RECONNECT
 from registry_coordinator.engine.timers import Timer
-from registry_coordinator.store import keys, pauses
+from registry_coordinator.store import bulk_jobs, keys, pauses
 from registry_coordinator.store.database import Database, Unavailable, notifications
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class Listener:
         self.db = db
         self.timer = timer
         self.paused = paused
+        #: Told of a bulk job started or resumed (``store.bulk_jobs``), and on connect.
+        self.bulk: Callable[[], None] = lambda: None
         self.connected = False
         self.reconnects = 0
         self.first_connected = trio.Event()
@@ -60,10 +63,13 @@ class Listener:
                         log.info("listener reconnected; catching up from the tables")
                     self.timer.wake_all()  # anything notified while we were away
                     await keys.forget_erased(self.db)
+                    self.bulk()
                     async for payload in received:
                         if payload == pauses.NOTICE:
                             await self.paused()
                             self.timer.runnable()  # a resume made its parked runs due
+                        elif payload == bulk_jobs.NOTICE:
+                            self.bulk()
                         elif not keys.forget_notified(self.db, payload):
                             self.timer.runnable()
             except Unavailable as exc:

@@ -28,6 +28,7 @@ from registry_coordinator.http.problems import Problem, data_unopenable
 from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body, serving
 from registry_coordinator.http.routes import (
     admission,
+    bulk,
     connections,
     deliveries,
     probes,
@@ -68,6 +69,9 @@ ROUTES = (
     route("/v1/connections", get=connections.listing),
     route("/v1/connections/<name>/pause", post=connections.pause),
     route("/v1/connections/<name>/resume", post=connections.resume),
+    route("/v1/bulk-jobs", post=bulk.create, get=bulk.listing),
+    route("/v1/bulk-jobs/<job>", get=bulk.status),
+    route("/v1/bulk-jobs/<job>/<change>", post=bulk.change),
     route("/v1/erasures", post=subjects.erase),
     route("/v1/subject-reports", post=subjects.report),
     route("/v1/results/<connection>", post=deliveries.deliver),

@@ -7,6 +7,7 @@ a request can reach is exactly what is here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class Context:
     signing_key: Ed25519PrivateKey | None = None
     #: Where archived runs' bundles are (``retention.directory``; None: not configured).
     archive: Path | None = None
+    #: Tells this process's bulk runner that a job was started or resumed.
+    bulk_started: Callable[[], None] = field(default=lambda: None)  # (none: nothing to tell)
 
     @property
     def metrics(self) -> Metrics:

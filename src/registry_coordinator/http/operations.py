@@ -32,6 +32,7 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import TERMINAL, HoldCode, RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Request, detail
 from registry_coordinator.store import operator_actions
+from registry_coordinator.store.bulk_jobs import Fence
 from registry_coordinator.store.database import Database
 from registry_coordinator.store.operator_actions import LockedRun, OperatorRun
 
@@ -88,25 +89,38 @@ class Said:
 
 
 @asynccontextmanager
-async def _locked(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun]:
-    async with operator_actions.locked(db, run_id) as locked:
+async def _locked(
+    db: Database, run_id: uuid.UUID, fence: Fence | None = None
+) -> AsyncIterator[LockedRun]:
+    """The run locked for an action; for a bulk job (``fence``), only if the run is as
+    the job's preview found it."""
+    async with operator_actions.locked(db, run_id, fence) as locked:
         if locked is None:
             raise Problem(404, "run.not-found", f"no run {run_id} that you may see")
+        if fence is not None and locked.run.seq != fence.seq:
+            raise Problem(
+                409, "run.changed", "the run changed since the bulk job's preview: left alone"
+            )
         yield locked
 
 
 @asynccontextmanager
-async def _held(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun]:
-    async with _locked(db, run_id) as locked:
+async def _held(
+    db: Database, run_id: uuid.UUID, fence: Fence | None = None
+) -> AsyncIterator[LockedRun]:
+    async with _locked(db, run_id, fence) as locked:
         state = locked.run.state
         if state != RunState.HELD:
             raise Problem(409, "run.not-held", f"the run is {state}, not held")
         yield locked
 
 
-async def cancel(db: Database, run_id: uuid.UUID, actor: str, reason: str) -> bool:
-    """Cancel a run now, or — with a call in flight — once that call settles (False)."""
-    async with _locked(db, run_id) as locked:
+async def cancel(
+    db: Database, run_id: uuid.UUID, actor: str, reason: str, fence: Fence | None = None
+) -> bool:
+    """Cancel a run now, or — with a call in flight — once that call settles (False);
+    for the bulk job ``fence`` names, if one takes the action."""
+    async with _locked(db, run_id, fence) as locked:
         state = locked.run.state
         if state in TERMINAL:
             raise Problem(409, "run.ended", f"the run already ended {state}")
@@ -125,14 +139,15 @@ async def retry_same(
     run_id: uuid.UUID,
     actor: str,
     said: Said,
+    fence: Fence | None = None,
 ) -> None:
     """Make a held run take its step again: a call resends its sealed request, byte for
     byte, with its original key (or, if it never sealed one, sends it for the first time).
     A run held after a restore goes on only with the operator's attestation of what they
     found at the product, recorded with the reason: the database cannot say what it did.
     A request sealed under a binding its connection no longer has goes where the operator
-    says, and nowhere without it."""
-    async with _held(db, run_id) as locked:
+    says, and nowhere without it. For the bulk job ``fence`` names, if one takes it."""
+    async with _held(db, run_id, fence) as locked:
         held = locked.run.hold_code
         event: dict[str, JSON] = {"reason": said.reason, "held": held}
         if held == HoldCode.RESTORED_REVIEW and said.attestation is None:
@@ -290,14 +305,18 @@ class Found:
 
 
 async def find_evidence(
-    db: Database, workflows: Workflows, products: dict[str, Product], run_id: uuid.UUID
+    db: Database,
+    workflows: Workflows,
+    products: dict[str, Product],
+    run_id: uuid.UUID,
+    fence: Fence | None = None,
 ) -> Found:
     """Ask what reconcile would: the product's receipt for the original key, or else an
     answer to it that came back late. Changes nothing; the console shows it before an
     operator confirms. Refused as reconcile is when the run is not held at a sent call.
 
     The run is not locked while the product is asked."""
-    async with _held(db, run_id) as locked:
+    async with _held(db, run_id, fence) as locked:
         run = locked.run
     try:
         definition = await workflows.by_digest(db, run.digest)
@@ -340,26 +359,21 @@ async def reconcile(
     run_id: uuid.UUID,
     actor: str,
     reason: str,
+    fence: Fence | None = None,
 ) -> None:
     """Complete a held call on the product's own evidence (:func:`find_evidence`), or
     refuse, leaving the run held. The action is recorded only if the run is as it was when
-    it was judged held (its ``seq``), else refused ``run.changed``."""
-    found = await find_evidence(db, workflows, products, run_id)
-    await _record(db, found.run, found.step, found.evidence, found.key, actor, reason)
+    it was judged held (its ``seq``), else refused ``run.changed``; for the bulk job
+    ``fence`` names, if one takes it."""
+    found = await find_evidence(db, workflows, products, run_id, fence)
+    await _record(db, found, actor, reason, fence)
     timer.runnable()
 
 
-async def _record(
-    db: Database,
-    run: OperatorRun,
-    step: Call,
-    evidence: Evidence,
-    key: str,
-    actor: str,
-    reason: str,
-) -> None:
+async def _record(db: Database, found: Found, actor: str, reason: str, fence: Fence | None) -> None:
     """Record what reconcile found: the step completed on confirming evidence; otherwise
     the attempt in history, and the refusal that says why the run stays held."""
+    run, step, evidence, key = found.run, found.step, found.evidence, found.key
     event: dict[str, JSON] = {
         "reason": reason,
         "evidence": evidence.source,
@@ -368,7 +382,7 @@ async def _record(
     }
     if evidence.lookup is not None:
         event["receiptLookup"] = evidence.lookup
-    async with _locked(db, run.id) as current:
+    async with _locked(db, run.id, fence) as current:
         if current.run.seq != run.seq:
             raise Problem(409, "run.changed", "the run changed meanwhile; look again")
         if evidence.confirmed:
@@ -377,7 +391,7 @@ async def _record(
         event["why"] = (
             "no matching receipt" if evidence.unresolved else detail("; ".join(evidence.problems))
         )
-        await current.note("reconcile-unconfirmed", actor, event)
+        await current.note(operator_actions.UNCONFIRMED, actor, event)
     if evidence.unresolved:
         raise Problem(
             409,

@@ -1,5 +1,5 @@
-"""The remote CLI's client: ``coordinator runs``, ``admission``, ``connections`` and
-``erase`` over HTTP.
+"""The remote CLI's client: ``coordinator runs``, ``admission``, ``connections``,
+``bulk`` and ``erase`` over HTTP.
 
 :mod:`registry_coordinator.cli.remote` parses these commands (the layers: the command
 line may import this module, never the reverse); this module turns one into its request,
@@ -92,6 +92,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
             return "GET", "/v1/connections", None, {}, {}
         path = f"/v1/connections/{quote(args.connection, safe='')}/{args.action}"
         return "POST", path, {"reason": args.reason}, {}, {}
+    if args.command == "bulk":
+        return _bulk(args)
     action = args.action
     if action == "start":
         text = args.input
@@ -137,6 +139,69 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
     return "POST", f"/v1/runs/{args.run}/{action}", said, {}, {}
 
 
+def _bulk(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], dict[str, str]]:
+    """A ``bulk`` command's request."""
+    if args.action == "list":
+        return "GET", "/v1/bulk-jobs", None, {}, {}
+    if args.action == "preview":
+        given = {
+            "workflow": args.workflow,
+            "version": args.version,
+            "state": args.state,
+            "holdCode": args.hold_code,
+            "admittedAfter": args.admitted_after,
+            "admittedBefore": args.admitted_before,
+            "fields": args.field,
+        }
+        body: dict[str, JSON] = {
+            "action": args.action_name,
+            "filter": {k: v for k, v in given.items() if v},
+        }
+        if args.per_second is not None:
+            body["perSecond"] = args.per_second
+        return "POST", "/v1/bulk-jobs", body, {}, {}
+    path = f"/v1/bulk-jobs/{quote(args.job, safe='')}"
+    if args.action == "show":
+        return "GET", path, None, {}, {}
+    return "POST", f"{path}/{args.action}", {"reason": args.reason}, {}, {}
+
+
+def _job(job: JSON) -> str:
+    """A bulk job in a line or two."""
+    runs = job["runs"]
+    return (
+        f"bulk job {job['id']}  {job['action']}  {job['state']}  {runs['total']} runs: "
+        f"{runs['acted']} acted, {runs['pending']} to go, {runs['changed']} changed, "
+        f"{runs['refused']} refused, {runs['unconfirmed']} unconfirmed"
+    )
+
+
+def _bulk_text(args: argparse.Namespace, answer: JSON) -> str:
+    if args.action == "list":
+        return "\n".join(_job(j) for j in answer["jobs"]) or "no bulk jobs"
+    text = _job(answer)
+    if args.action == "preview":
+        sample = "\n".join(
+            f"  {r['id']}  {r['state']}  {r['workflow']['id']}" for r in answer["sample"]
+        )
+        return (
+            f"{text}\n{sample}\nnothing is done until it is started: coordinator bulk start "
+            f"{answer['id']} --reason ..."
+        )
+    if args.action == "show":
+        lines = [text]
+        lines += [
+            f"  {e['at']}  {e['kind']} by {e['by']}" + (f": {e['reason']}" if e["reason"] else "")
+            for e in answer["events"]
+        ]
+        lines += [
+            f"  not acted on: {r['run']}  {r['outcome']}  {r['code'] or ''}"
+            for r in answer["notActedOn"]
+        ]
+        return "\n".join(lines)
+    return text
+
+
 def _connections(args: argparse.Namespace, answer: JSON) -> str:
     if args.action == "list":
         return "\n".join(
@@ -157,6 +222,8 @@ def _connections(args: argparse.Namespace, answer: JSON) -> str:
 
 
 def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> str:
+    if args.command == "bulk":
+        return _bulk_text(args, answer)
     if args.command == "connections":
         return _connections(args, answer)
     if args.command == "admission":

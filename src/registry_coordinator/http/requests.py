@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from quart import Response, g, request
 
@@ -81,6 +81,21 @@ def json_response(body: JSON, status: int = 200, headers: dict[str, str] | None 
 
 def instant(value: datetime | None) -> str | None:
     return format_instant(value) if value is not None else None
+
+
+def moment(name: str, text: str | None) -> datetime | None:
+    """An instant a filter ``name`` gives (ISO 8601; without an offset, taken as UTC), or
+    None when it gives none."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise Problem(
+            400, "request.invalid-filter", f"{name} must be a date and time like 2026-12-01T09:30"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 async def authenticated(context: Context) -> Caller:

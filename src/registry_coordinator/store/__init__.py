@@ -11,9 +11,11 @@ The data keys personal data is sealed under are kept here too (:mod:`keys`); the
 database's connections open what a run's row holds sealed, so no read hands on a
 sealed value as if it were the value.
 
-The package is larger than a room (16 modules): the data keys came in with issue 33,
-and what the console alone reads (:mod:`console_reads`, :mod:`sessions`) is the
-split it waits for, once the sealed reads of that issue have settled.
+The package is larger than a room (19 modules): the data keys came in with issue 33,
+the operators' tables (:mod:`pauses`, :mod:`bulk_jobs`) with issue 34, and what
+operators and the console alone read and write (:mod:`console_reads`, :mod:`sessions`,
+:mod:`pauses`, :mod:`bulk_jobs`, :mod:`operator_actions`) is the split it waits for: a
+package of the operators' statements, beside the runs' own.
 """
 
 from registry_coordinator.store.runs import *  # noqa: F403  (the face: runs.__all__)

@@ -41,6 +41,8 @@ POINTS = (
     "mid-rotation",
     "mid-erasure",
     "mid-sealing",
+    "bulk-settled",
+    "bulk-committed",
 )
 
 

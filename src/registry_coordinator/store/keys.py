@@ -24,6 +24,7 @@ from datetime import datetime
 
 from psycopg.types.json import Jsonb
 
+from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.config import CustodyConfig
 from registry_coordinator.custody import (
     NO_RUN,
@@ -268,3 +269,34 @@ async def erase(db: Database, subject: str, actor: str, reason: str) -> Erasure:
         crash_point("mid-erasure")  # erased, not committed: a kill leaves the key whole
     sealer.forget(key["id"])
     return Erasure(done["id"], done["erased_at"], actor, done["runs"])
+
+
+@dataclass(frozen=True)
+class SharedPlace:
+    """Where a value no run owns is sealed under the shared key (an operator's reason for
+    holding admission, pausing a connection, a bulk job's filter): its place, the part
+    of it, and what it is called when it cannot be opened."""
+
+    step: str
+    part: str
+    what: str
+
+    def seal(self, sealer: Sealer | None, value: JSON) -> tuple[JSON, int | None]:
+        """``value`` as its row keeps it, and the id of the key it is sealed under: with
+        custody, sealed (a string); without, as it is (None)."""
+        if sealer is None:
+            return value, None
+        return sealer.seal(NO_RUN, Purpose.REASON, self.step, value, self.part), sealer.key.id
+
+    def open(self, sealer: Sealer | None, value: JSON, key: int | None) -> JSON:
+        """A value its row keeps, opened (``key`` None: kept in clear); :class:`Unopenable`
+        where it does not open."""
+        if key is None:
+            return value
+        if sealer is None:
+            raise Unopenable(
+                CustodyCode.KEK_MISSING,
+                f"{self.what} is sealed, and the configuration has no custody keys: give "
+                "custody: {keys: ..., active: N} as it was",
+            )
+        return sealer.open(NO_RUN, Purpose.REASON, self.step, value, self.part)

@@ -18,17 +18,18 @@ from typing import Self
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.custody import (
-    NO_RUN,
-    CustodyCode,
-    Purpose,
     Sealer,
-    Unopenable,
     sealer_for,
 )
 from registry_coordinator.semantics.codes import HoldCode, RunState
+from registry_coordinator.store.bulk_jobs import Fence, Settled
 from registry_coordinator.store.database import Connection, Database, Row
+from registry_coordinator.store.keys import SharedPlace
 from registry_coordinator.store.records import known
 from registry_coordinator.store.statements import sealed_outputs
+
+#: The note of a reconcile that found no receipt: the run stays held.
+UNCONFIRMED = "reconcile-unconfirmed"
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,16 @@ class LockedRun:
 
     conn: Connection
     run: OperatorRun  # as locked
+    #: The bulk job taking the action, if one is: its run is settled with the action's write.
+    fence: Fence | None = None
 
     def _fenced(self, event: JSON, **params: JSON) -> dict[str, JSON]:
-        """The action's parameters, its ``event`` as the run's history holds it (its
-        reason sealed, if the run's data is: every action's event is at the run's step)."""
+        """The action's parameters, its ``event`` as the run's history holds it (naming
+        the bulk job that took it, if one did; its reason sealed, if the run's data is:
+        every action's event is at the run's step)."""
+        if self.fence is not None:
+            assert isinstance(event, dict)
+            event = {**event, "bulkJob": str(self.fence.job)}
         if self.run.data_key is not None:
             sealer = sealer_for(self.conn.sealer, self.run.id).under(self.run.data_key)
             event = sealer.seal_detail(self.run.id, self.run.step, event)
@@ -83,15 +90,23 @@ class LockedRun:
         await self.conn.row(
             "operator_note", self._fenced(event, cancel=cancel, kind=kind, actor=actor)
         )
+        await self._settle(Settled.UNCONFIRMED if kind == UNCONFIRMED else Settled.ACTED)
+
+    async def _settle(self, outcome: Settled = Settled.ACTED) -> None:
+        """Settle the bulk job's run, if a job takes the action, in the action's transaction."""
+        if self.fence is not None:
+            await self.fence.settle(self.conn, self.run.id, outcome)
 
     async def cancel(self, actor: str, detail: str, event: JSON) -> None:
         """End the run cancelled now (it has no call in flight)."""
         await self.conn.row("operator_cancel", self._fenced(event, actor=actor, detail=detail))
+        await self._settle()
 
     async def resume(self, actor: str, event: JSON, *, rebind: bool = False) -> None:
         """retry-same: the held run is due at once to take its step again; with ``rebind``,
         its sealed request goes over its connection's binding as it is now."""
         await self.conn.row("operator_resume", self._fenced(event, actor=actor, rebind=rebind))
+        await self._settle()
 
     async def complete(
         self, step: str, next_step: str, output: JSON, actor: str, event: JSON
@@ -103,41 +118,35 @@ class LockedRun:
             "operator_complete",
             self._fenced(event, next=next_step, step=step, outputs=outputs, actor=actor),
         )
+        await self._settle()
 
 
 @asynccontextmanager
-async def locked(db: Database, run_id: uuid.UUID) -> AsyncIterator[LockedRun | None]:
-    """The run locked for an action until the block ends (None: there is no such run); an
-    exception out of the block rolls back everything written in it."""
+async def locked(
+    db: Database, run_id: uuid.UUID, fence: Fence | None = None
+) -> AsyncIterator[LockedRun | None]:
+    """The run locked for an action until the block ends (None: there is no such run), for
+    the bulk job ``fence`` names if one takes it; an exception out of the block rolls back
+    everything written in it."""
     async with db.connection() as conn, conn.transaction():
         run = await conn.row("operator_run", {"id": run_id})
-        yield None if run is None else LockedRun(conn, OperatorRun.from_row(run))
+        yield None if run is None else LockedRun(conn, OperatorRun.from_row(run), fence)
 
 
 #: Where an admission's reason is sealed: no run's, the shared key's.
-_ADMISSION = (NO_RUN, Purpose.REASON, "admission")
+_ADMISSION = SharedPlace("admission", "admission.reason", "admission's reason")
 
 
 async def set_admission(db: Database, held: bool, actor: str, reason: str) -> None:
     """Hold or release admission of new runs, with its event, the reason sealed under the
     shared key, with custody. The statement that admits a run locks the row this updates
     (:func:`store.admit`), so a hold and a start serialize and cannot pass each other."""
-    sealer, stored = db.sealer, reason
-    if sealer is not None:
-        stored = sealer.seal(*_ADMISSION, reason, "admission.reason")
+    stored, key = _ADMISSION.seal(db.sealer, reason)
     params = {"held": held, "reason": stored, "actor": actor}
-    await db.execute("set_admission", {**params, "data_key": sealer and sealer.key.id})
+    await db.execute("set_admission", {**params, "data_key": key})
 
 
 def admission_reason(sealer: Sealer | None, row: Row) -> str:
     """The reason of an admission row (``reason``, sealed under ``reason_key`` or in clear
     when that is NULL), opened: :class:`Unopenable` where it does not."""
-    if row["reason_key"] is None:
-        return str(row["reason"])
-    if sealer is None:
-        raise Unopenable(
-            CustodyCode.KEK_MISSING,
-            "admission's reason is sealed, and the configuration has no custody keys: give "
-            "custody: {keys: ..., active: N} as it was",
-        )
-    return str(sealer.open(*_ADMISSION, row["reason"], "admission.reason"))
+    return str(_ADMISSION.open(sealer, row["reason"], row["reason_key"]))

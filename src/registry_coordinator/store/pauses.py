@@ -20,12 +20,12 @@ from datetime import datetime
 
 from psycopg.types.json import Jsonb
 
-from registry_coordinator.custody import NO_RUN, CustodyCode, Purpose, Unopenable
-from registry_coordinator.store.database import Database, Row
+from registry_coordinator.store.database import Database
+from registry_coordinator.store.keys import SharedPlace
 
 #: What tells every process that a connection was paused or resumed.
 NOTICE = "connections"
-_PLACE = (NO_RUN, Purpose.REASON, "connection-pause")
+_PLACE = SharedPlace("connection-pause", "pause.reason", "a pause's reason")
 
 
 @dataclass(frozen=True)
@@ -47,28 +47,10 @@ class Resumed:
     runs: int
 
 
-def _sealed(db: Database, reason: str) -> tuple[Jsonb, int | None]:
-    sealer = db.sealer
-    if sealer is None:
-        return Jsonb(reason), None
-    return Jsonb(sealer.seal(*_PLACE, reason, "pause.reason")), sealer.key.id
-
-
-def _reason(db: Database, row: Row) -> str:
-    if row["reason_key"] is None:
-        return str(row["reason"])
-    if db.sealer is None:
-        raise Unopenable(
-            CustodyCode.KEK_MISSING,
-            "a pause's reason is sealed, and the configuration has no custody keys: give "
-            "custody: {keys: ..., active: N} as it was",
-        )
-    return str(db.sealer.open(*_PLACE, row["reason"], "pause.reason"))
-
-
 async def pause(db: Database, connection: str, actor: str, reason: str) -> Pause:
     """Pause ``connection`` for ``actor``, with ``reason`` (again, if it is paused)."""
-    stored, key = _sealed(db, reason)
+    sealed, key = _PLACE.seal(db.sealer, reason)
+    stored = Jsonb(sealed)
     params = {"connection": connection, "actor": actor, "reason": stored, "data_key": key}
     row = await db.row("pause_connection", params)
     assert row is not None
@@ -78,7 +60,8 @@ async def pause(db: Database, connection: str, actor: str, reason: str) -> Pause
 async def resume(db: Database, connection: str, actor: str, reason: str) -> Resumed:
     """Lift ``connection``'s pause for ``actor``, with ``reason``, and make the runs it
     parked due at once; a connection not paused is said so, nothing changed."""
-    stored, key = _sealed(db, reason)
+    sealed, key = _PLACE.seal(db.sealer, reason)
+    stored = Jsonb(sealed)
     params = {"connection": connection, "actor": actor, "reason": stored, "data_key": key}
     async with db.connection() as conn, conn.transaction():
         gone = await conn.row("unpause_connection", params)
@@ -91,7 +74,15 @@ async def resume(db: Database, connection: str, actor: str, reason: str) -> Resu
 async def paused(db: Database) -> list[Pause]:
     """The connections paused now, with who paused each, when and why."""
     rows = await db.rows("connection_pauses")
-    return [Pause(r["connection"], r["paused_at"], r["actor"], _reason(db, r)) for r in rows]
+    return [
+        Pause(
+            r["connection"],
+            r["paused_at"],
+            r["actor"],
+            str(_PLACE.open(db.sealer, r["reason"], r["reason_key"])),
+        )
+        for r in rows
+    ]
 
 
 async def park(db: Database, run_id: object, token: object, connection: str) -> bool:

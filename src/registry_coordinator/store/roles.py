@@ -24,6 +24,9 @@ GRANTS: dict[str, tuple[str, ...]] = {
     "archived_runs": ("SELECT", "INSERT"),
     "audit_checkpoints": ("SELECT", "INSERT"),
     "audit_leaves": ("SELECT", "INSERT"),
+    "bulk_job_events": ("SELECT", "INSERT"),
+    "bulk_job_runs": ("SELECT", "INSERT", "UPDATE"),
+    "bulk_jobs": ("SELECT", "INSERT", "UPDATE"),
     "connection_pause_events": ("SELECT", "INSERT"),
     "connection_pauses": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "console_logins": ("SELECT", "INSERT", "DELETE"),
@@ -50,6 +53,7 @@ HISTORY = (
     "deliveries",
     "admission_events",
     "connection_pause_events",
+    "bulk_job_events",
     "audit_checkpoints",
 )
 FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")

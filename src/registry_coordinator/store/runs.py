@@ -1017,6 +1017,7 @@ class RunFilter:
     until: datetime | None = None
     text: str | None = None
     fields: tuple[tuple[str, str], ...] = ()
+    hold_code: str | None = None
 
 
 def _containing(text: str | None) -> str | None:
@@ -1037,6 +1038,7 @@ async def runs_page(
         {
             **_visible(which, after),
             "version": which.version,
+            "hold_code": which.hold_code,
             "started_by": which.started_by,
             "since": which.since,
             "until": which.until,

@@ -11,7 +11,7 @@ from the same reads as the API's answers (``runs.run_status``), so the console a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from prometheus_client import Metric
 from quart import Response, request
@@ -28,7 +28,7 @@ from registry_coordinator.http.console.render import html
 from registry_coordinator.http.console.visitors import CSRF_COOKIE, Visitor, set_cookie, visitor
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.http.requests import cursor, next_cursor
+from registry_coordinator.http.requests import cursor, moment, next_cursor
 from registry_coordinator.http.routes import connections, probes, runs
 from registry_coordinator.semantics.codes import RunState
 from registry_coordinator.store import console_reads
@@ -165,16 +165,7 @@ async def held(context: Context) -> Response:
 
 def _moment(name: str) -> datetime | None:
     """A time filter from the form (a datetime-local value, taken as UTC)."""
-    text = request.args.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise Problem(
-            400, "request.invalid-filter", f"{name} must be a date and time like 2026-12-01T09:30"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return moment(name, request.args.get(name))
 
 
 async def runs_page(context: Context) -> Response:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from quart import Response, request
 
@@ -38,6 +38,7 @@ from registry_coordinator.http.routes import admission
 from registry_coordinator.http.routes.archive import archived_status, gone
 from registry_coordinator.observability import logs
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store.bulk_jobs import Fence
 
 #: What a listing lists: live runs, or archived ones.
 Listed = TypeVar("Listed", store.RunStatus, store.ArchivedRun)
@@ -192,7 +193,8 @@ async def start_batch(context: Context) -> Response:
     return json_response({"results": results})
 
 
-def _state(text: str | None) -> RunState | None:
+def state_filter(text: str | None) -> RunState | None:
+    """A ``state`` filter as the store takes it, refused unless it names a state."""
     if text is None:
         return None
     try:
@@ -248,7 +250,7 @@ async def listing(context: Context) -> Response:
     workflow = request.args.get("workflow")
     if not storable(workflow):
         raise Problem(400, "request.invalid-filter", "workflow holds text that cannot be stored")
-    state = _state(request.args.get("state"))
+    state = state_filter(request.args.get("state"))
     try:
         limit = int(request.args.get("limit", "50"))
     except ValueError:
@@ -322,27 +324,56 @@ class Action:
 
     permission: str
     operator: bool
-    #: What it does, with (context, run, actor, what was said): the status of its outcome.
-    take: Callable[[Context, store.RunStatus, str, Said], Awaitable[int]]
+    #: What it does: the status of its outcome.
+    take: Take
 
 
-async def _cancel(context: Context, run: store.RunStatus, actor: str, said: Said) -> int:
+class Take(Protocol):
+    """An action on ``run`` for ``actor`` with what was said; a bulk job taking it gives
+    its ``fence``."""
+
+    def __call__(
+        self,
+        context: Context,
+        run: store.RunStatus,
+        actor: str,
+        said: Said,
+        fence: Fence | None = None,
+    ) -> Awaitable[int]: ...
+
+
+async def _cancel(
+    context: Context, run: store.RunStatus, actor: str, said: Said, fence: Fence | None = None
+) -> int:
     """Cancel the run (200), or, with a call in flight, once that call settles (202)."""
-    if not await operations.cancel(context.db, run.id, actor, said.reason):
+    if not await operations.cancel(context.db, run.id, actor, said.reason, fence):
         return 202
     context.after.cancelled(run.workflow_id)
     logs.cancelled(run.id)
     return 200
 
 
-async def _retry_same(context: Context, run: store.RunStatus, actor: str, said: Said) -> int:
-    await operations.retry_same(context.db, context.timer, context.products, run.id, actor, said)
+async def _retry_same(
+    context: Context, run: store.RunStatus, actor: str, said: Said, fence: Fence | None = None
+) -> int:
+    await operations.retry_same(
+        context.db, context.timer, context.products, run.id, actor, said, fence
+    )
     return 200
 
 
-async def _reconcile(context: Context, run: store.RunStatus, actor: str, said: Said) -> int:
+async def _reconcile(
+    context: Context, run: store.RunStatus, actor: str, said: Said, fence: Fence | None = None
+) -> int:
     await operations.reconcile(
-        context.db, context.workflows, context.products, context.timer, run.id, actor, said.reason
+        context.db,
+        context.workflows,
+        context.products,
+        context.timer,
+        run.id,
+        actor,
+        said.reason,
+        fence,
     )
     return 200
 

@@ -755,11 +755,11 @@ ORDER BY attempt DESC LIMIT 1;
 --
 -- One page of runs, newest first, after the cursor (admitted_at, id): a caller's own
 -- (all callers' when caller is NULL), of the workflows its policies cover (all when
--- readable is NULL), then as the filters ask, each NULL when not asked: the state, the
--- workflow and its version, who started the run (started_by, unlike caller, is a filter
--- and not a limit), admitted in [since, until), %(contains)s, a LIKE pattern (its
--- user's text escaped by the store) matched against the start key or the input's text,
--- and %(terms)s, the search fields' terms (run_search) a run must have every one of.
+-- readable is NULL), then as the filters ask, each NULL when not asked: the state, a held
+-- run's hold code, the workflow and its version, who started the run (started_by, unlike
+-- caller, is a filter and not a limit), admitted in [since, until), %(contains)s, a LIKE
+-- pattern (its user's text escaped by the store) matched against the start key or the
+-- input's text, and %(terms)s, the search fields' terms (run_search) a run must have every one of.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
@@ -776,6 +776,7 @@ WHERE (%(caller)s::text IS NULL OR r.caller = %(caller)s)
   AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]))
   AND (r.admitted_at, r.id) < (%(after_at)s, %(after_id)s)
   AND (%(state)s::text IS NULL OR r.state = %(state)s)
+  AND (%(hold_code)s::text IS NULL OR r.hold_code = %(hold_code)s)
   AND (%(workflow)s::text IS NULL OR r.workflow_id = %(workflow)s)
   AND (%(version)s::text IS NULL OR d.version = %(version)s)
   AND (%(started_by)s::text IS NULL OR r.caller = %(started_by)s)
@@ -1443,3 +1444,126 @@ UPDATE runs SET paused_for = %(connection)s, due_at = deadline_at,
 WHERE id = %(id)s AND lease_token = %(token)s AND dispatched_at IS NULL
   AND EXISTS (SELECT FROM paused)
 RETURNING id;
+
+-- name: create_bulk_job
+-- A bulk job previewed: its action, sealed filter and rate, waiting to be started.
+WITH made AS (
+    INSERT INTO bulk_jobs (id, action, filter, state, per_second, created_at, created_by,
+                           filter_key, updated_at)
+    VALUES (%(id)s, %(action)s, %(filter)s, 'previewed', %(per_second)s, now(), %(actor)s,
+            %(data_key)s, now())
+    RETURNING id, created_at
+), logged AS (
+    INSERT INTO bulk_job_events (job_id, at, kind, actor)
+    SELECT id, created_at, 'previewed', %(actor)s FROM made
+)
+SELECT id FROM made;
+
+-- name: add_bulk_job_runs
+-- The runs a previewed job found, in the order it takes them, each with its seq then.
+INSERT INTO bulk_job_runs (job_id, position, run_id, seq)
+SELECT %(job)s, p.position, p.run_id, p.seq
+FROM unnest(%(positions)s::integer[], %(runs)s::uuid[], %(seqs)s::integer[])
+     AS p (position, run_id, seq);
+
+-- name: bulk_job
+-- One bulk job, with how many of its runs are settled each way and how many are left.
+SELECT j.id, j.action, j.filter, j.filter_key, j.state, j.per_second, j.created_at,
+       j.created_by, j.started_by, j.reason, j.reason_key, j.updated_at,
+       c.total, c.pending, c.acted, c.unconfirmed, c.changed, c.refused
+FROM bulk_jobs j
+CROSS JOIN LATERAL (
+    SELECT count(*) AS total,
+           count(*) FILTER (WHERE outcome IS NULL) AS pending,
+           count(*) FILTER (WHERE outcome = 'acted') AS acted,
+           count(*) FILTER (WHERE outcome = 'unconfirmed') AS unconfirmed,
+           count(*) FILTER (WHERE outcome = 'changed') AS changed,
+           count(*) FILTER (WHERE outcome = 'refused') AS refused
+    FROM bulk_job_runs WHERE job_id = j.id
+) c
+WHERE j.id = %(id)s;
+
+-- name: bulk_jobs
+-- The latest bulk jobs, newest first.
+SELECT id FROM bulk_jobs ORDER BY created_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: bulk_job_settled
+-- A job's runs settled other than acted, or all of them, in the order it took them.
+SELECT run_id, seq, outcome, code, settled_at FROM bulk_job_runs
+WHERE job_id = %(job)s AND outcome IS NOT NULL AND (%(all)s OR outcome <> 'acted')
+ORDER BY position LIMIT %(limit)s;
+
+-- name: change_bulk_job
+-- A job moved to a state from one of those it may leave, the change recorded with its reason.
+--
+-- Started: who started it, and the reason each run's history is given. A job moved out
+-- of running loses its lease, so the process taking it stops before its next run.
+WITH changed AS (
+    UPDATE bulk_jobs
+    SET state = %(state)s, updated_at = now(),
+        started_by = CASE WHEN %(state)s = 'running' AND started_by IS NULL
+                          THEN %(actor)s ELSE started_by END,
+        reason = CASE WHEN %(state)s = 'running' AND reason IS NULL
+                      THEN %(reason)s ELSE reason END,
+        reason_key = CASE WHEN %(state)s = 'running' AND reason IS NULL
+                          THEN %(data_key)s ELSE reason_key END,
+        lease_until = CASE WHEN %(state)s = 'running' THEN lease_until END,
+        leased_by = CASE WHEN %(state)s = 'running' THEN leased_by END
+    WHERE id = %(id)s AND state = ANY (%(from)s::text[])
+    RETURNING id, updated_at
+), logged AS (
+    INSERT INTO bulk_job_events (job_id, at, kind, actor, reason, data_key)
+    SELECT id, updated_at, %(kind)s, %(actor)s, %(reason)s, %(data_key)s FROM changed
+)
+SELECT id, pg_notify('coordinator_wake', 'bulk') AS notified FROM changed;
+
+-- name: claim_bulk_job
+-- A running job no process holds (its lease ran out, or it was this holder's), leased here.
+--
+-- A holder's name is one live process's (store.Holder): a job leased to it was left by
+-- the process before this one, killed, and is taken again at once.
+UPDATE bulk_jobs SET lease_until = now() + %(lease)s, leased_by = %(owner)s
+WHERE id = (
+    SELECT id FROM bulk_jobs
+    WHERE state = 'running'
+      AND (lease_until IS NULL OR lease_until < now() OR leased_by = %(owner)s)
+    ORDER BY created_at LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id;
+
+-- name: renew_bulk_job
+-- This process's lease on a running job renewed; nothing if the job left running or was taken.
+UPDATE bulk_jobs SET lease_until = now() + %(lease)s
+WHERE id = %(id)s AND state = 'running' AND leased_by = %(owner)s AND lease_until >= now()
+RETURNING id;
+
+-- name: pending_bulk_runs
+-- The next runs a job has not settled, in its order.
+SELECT run_id, seq FROM bulk_job_runs
+WHERE job_id = %(job)s AND outcome IS NULL ORDER BY position LIMIT %(limit)s;
+
+-- name: settle_bulk_run
+-- A job's run settled (acted, unconfirmed, changed or refused, with the refusal's code), once.
+UPDATE bulk_job_runs SET outcome = %(outcome)s, code = %(code)s, settled_at = now()
+WHERE job_id = %(job)s AND run_id = %(run)s AND outcome IS NULL
+RETURNING run_id;
+
+-- name: finish_bulk_job
+-- A running job whose every run is settled is done, recorded as the service's change.
+WITH done AS (
+    UPDATE bulk_jobs SET state = 'done', updated_at = now(), lease_until = NULL,
+                         leased_by = NULL
+    WHERE id = %(id)s AND state = 'running'
+      AND NOT EXISTS (SELECT FROM bulk_job_runs WHERE job_id = %(id)s AND outcome IS NULL)
+    RETURNING id, updated_at
+), logged AS (
+    INSERT INTO bulk_job_events (job_id, at, kind, actor)
+    SELECT id, updated_at, 'done', %(actor)s FROM done
+)
+SELECT id FROM done;
+
+-- name: bulk_job_events
+-- A job's changes, oldest first: what, when, by whom and why (sealed under reason_key).
+SELECT kind, at, actor, reason, data_key AS reason_key FROM bulk_job_events
+WHERE job_id = %(job)s ORDER BY at;
