@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from registry_coordinator.semantics.codes import RunState
-from tests.support import Service, Services, coordinator, until, wait_state
+from tests.support import HANG_ONCE, Service, Services, coordinator, until, wait_state
 
 LATER = "2099-01-01T00:00:00Z"
 WORKFLOW = "found-by-application"
@@ -251,3 +251,29 @@ def test_bad_bulk_requests_are_refused_naming_what_to_change(dsn: str, services:
     again = service.http.post(f"/v1/bulk-jobs/{job['id']}/start", json={"reason": "x"})
     assert again.status_code == 409 and "the job is cancelled" in again.json()["detail"]
     assert _job(service, job["id"])["runs"]["acted"] == 0  # a job cancelled unstarted did nothing
+
+
+def test_a_redrive_resends_each_held_runs_request_once(dsn: str, services: Services) -> None:
+    """Three runs held outcome-unknown (Messaging applied each; the answers never came):
+    a retry-same job chosen by their hold code resends each sealed request once, under its
+    key, and every run finishes with the message Messaging made the first time."""
+    notices = {"requestTimeout": "PT1S", "verification": {"attempts": 0}}
+    service, products = services.deploy(["notify"], {"notices": ("messaging", notices)})
+    products.faults("messaging", {**HANG_ONCE, "times": 3})
+    runs = [service.start_run("notify", {"email": f"held-{n}@example.org"}) for n in range(3)]
+    for run in runs:
+        wait_state(dsn, run, RunState.HELD)
+    body = {
+        "action": "retry-same",
+        "filter": {"workflow": "notify", "state": "held", "holdCode": "outcome-unknown"},
+    }
+    job = service.http.post("/v1/bulk-jobs", json=body).json()
+    assert sorted(r["id"] for r in job["sample"]) == sorted(runs)
+    _change(service, job["id"], "start", "Messaging's outage is over")
+    assert _done(service, job["id"])["runs"]["acted"] == 3
+    for run in runs:
+        wait_state(dsn, run, RunState.FINISHED)
+    sent = products.requests("messaging", "POST", "/v1/messages")
+    keys = sorted(r["key"] for r in sent)
+    assert len(sent) == 6 and len(set(keys)) == 3, keys  # each request twice, one key each
+    assert len({r["bodySha256"] for r in sent}) == 3  # byte for byte as sealed
