@@ -30,6 +30,17 @@ def test_every_hold_code_has_plain_words() -> None:
     assert wording.hold("no-such-code").title == "Held: no-such-code"
 
 
+def test_each_hold_offers_the_actions_that_can_help_recommended_first_cancel_last() -> None:
+    for code, words in wording.HOLDS.items():
+        assert words.offers[-1] == "cancel", code
+        assert set(words.offers) <= set(ACTIONS) and len(set(words.offers)) == len(words.offers)
+        first = {"retry-same": "retry", "reconcile": "reconcile", "cancel": "cancel"}
+        assert first[words.offers[0]] in words.advice.lower(), code  # the advice's first
+    # The product refused the request: it did not act, so it has no receipt to reconcile on.
+    assert "reconcile" not in wording.HOLDS[HoldCode.PRODUCT_FORBIDDEN].offers
+    assert wording.HOLDS[HoldCode.RECEIPT_EXPIRED].offers == ("cancel",)
+
+
 def test_every_action_on_a_run_has_words() -> None:
     assert set(wording.ACTIONS) == set(ACTIONS)
 

@@ -144,10 +144,13 @@ async def body_json() -> JSON:
         raise Problem(400, _UNUSABLE_BODY[exc.reason], f"the body is refused: {exc}") from None
 
 
-def cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
-    """A page cursor: the (admitted_at, id) of the last run on the previous page."""
+def cursor(
+    text: str | None, first: tuple[datetime, uuid.UUID] | None = None
+) -> tuple[datetime, uuid.UUID]:
+    """A page cursor: the (admitted_at, id) of the last run on the previous page; without
+    one, ``first`` (unless told, after the newest run: a listing newest first)."""
     if text is None:
-        return parse_instant("9999-12-31T00:00:00Z"), uuid.UUID(int=(1 << 128) - 1)
+        return first or (parse_instant("9999-12-31T00:00:00Z"), uuid.UUID(int=(1 << 128) - 1))
     try:
         at, run_id = json.loads(base64.urlsafe_b64decode(text.encode() + b"=="))
         return parse_instant(at), uuid.UUID(run_id)
@@ -161,7 +164,13 @@ def cursor(text: str | None) -> tuple[datetime, uuid.UUID]:
 
 def next_cursor(run: store.RunStatus | store.ArchivedRun) -> str:
     """The cursor of the page after the one ``run`` is the last of."""
-    raw = json.dumps([format_instant(run.admitted_at), str(run.id)]).encode()
+    return cursor_at(run.admitted_at, run.id)
+
+
+def cursor_at(at: datetime, run_id: uuid.UUID) -> str:
+    """The cursor of a page that ends at the run ``run_id`` at ``at`` (as :func:`cursor`
+    reads it back)."""
+    raw = json.dumps([format_instant(at), str(run_id)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

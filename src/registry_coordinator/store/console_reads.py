@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Self
 
 from registry_coordinator.authoring.canonical import JSON
@@ -138,16 +138,26 @@ def _visible(caller: str | None, readable: frozenset[str] | None) -> dict[str, o
     return {"caller": caller, "readable": None if readable is None else sorted(readable)}
 
 
+#: Before the first held run: where the first page of them starts.
+FIRST_HELD = (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
+
+
 async def held_runs(
-    db: Database, caller: str | None, readable: frozenset[str] | None, limit: int = 200
+    db: Database,
+    caller: str | None,
+    readable: frozenset[str] | None,
+    limit: int = 200,
+    after: tuple[datetime, uuid.UUID] = FIRST_HELD,
 ) -> list[HeldWork]:
-    """The held runs the caller may see, the longest held first: the order an operator
-    works through them in. Each has its step's latest sending (None when the step never
-    sealed a request), what an operator judges a hold by. A run whose sealed data does
+    """A page of the held runs the caller may see, the longest held first (the order an
+    operator works through them in), after the run last changed at ``after``. Each has
+    its step's latest sending (None when the step never sealed a request), what an
+    operator judges a hold by. A run whose sealed data does
     not open (held ``data-unopenable``, say) is still listed, without its sending: one such
     run does not hide the others."""
     try:
-        rows = await db.rows("console_held_runs", {**_visible(caller, readable), "limit": limit})
+        params = {"limit": limit, "after_at": after[0], "after_id": after[1]}
+        rows = await db.rows("console_held_runs", {**_visible(caller, readable), **params})
     except RowsUnopenable as exc:
         shown = [HeldWork.from_row(row) for row in exc.opened]
         shown += [
@@ -155,6 +165,31 @@ async def held_runs(
         ]
         return sorted(shown, key=lambda work: (work.run.updated_at, work.run.id))
     return [HeldWork.from_row(row) for row in rows]
+
+
+@dataclass(frozen=True)
+class HeldGroup:
+    """Held runs of one workflow, step and hold code: how many, and the oldest and newest
+    (by their last change)."""
+
+    workflow: str
+    step: str
+    hold_code: str | None
+    runs: int
+    oldest: datetime
+    newest: datetime
+
+
+async def held_groups(
+    db: Database, caller: str | None, readable: frozenset[str] | None
+) -> list[HeldGroup]:
+    """The held runs the caller may see, by workflow, step and hold code, the largest
+    group first: where an outage shows."""
+    rows = await db.rows("console_held_groups", _visible(caller, readable))
+    return [
+        HeldGroup(r["workflow_id"], r["step"], r["hold_code"], r["runs"], r["oldest"], r["newest"])
+        for r in rows
+    ]
 
 
 async def held_count(db: Database, caller: str | None, readable: frozenset[str] | None) -> int:

@@ -32,7 +32,7 @@ from registry_coordinator.http.console.visitors import Visitor, checked_form, vi
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.http.routes import admission, connections, runs, subjects
+from registry_coordinator.http.routes import admission, bulk, connections, runs, subjects
 from registry_coordinator.semantics.codes import HoldCode
 from registry_coordinator.store import console_reads, keys, pauses
 
@@ -327,3 +327,33 @@ async def connection_take(context: Context, name: str, action: str) -> Response:
     else:
         await pauses.resume(context.db, name, who.caller.actor, reason)
     return redirect("/console/admission?" + urlencode({"done": f"connection-{action}"}))
+
+
+async def bulk_preview(context: Context) -> Response:
+    """Preview a bulk job from the form, as the API does; then the job's page, where it
+    is started."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    who.caller.require_operator()
+    try:
+        rate = int(form.get("perSecond") or bulk.PER_SECOND)
+    except ValueError:
+        rate = 0  # refused by bulk.asked, in its words
+    given = {
+        "action": form.get("action"),
+        "filter": {name: form.get(name) for name in bulk.FILTER_FIELDS if name != "fields"}
+        | {"fields": [form["field"]] if form.get("field") else []},
+        "perSecond": rate,
+    }
+    job, _ = await bulk.preview(context, who.caller.actor, bulk.asked(context, given))
+    return redirect(f"/console/bulk/{job}")
+
+
+async def bulk_change(context: Context, job: str, change: str) -> Response:
+    """Start, pause, resume or cancel a bulk job with the form's reason; then its page."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    who.caller.require_operator()
+    reason = require_reason(form)
+    changed = await bulk.change_job(context, job, change, who.caller.actor, reason)
+    return redirect(f"/console/bulk/{changed.id}")

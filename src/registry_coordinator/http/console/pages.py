@@ -28,15 +28,16 @@ from registry_coordinator.http.console.render import html
 from registry_coordinator.http.console.visitors import CSRF_COOKIE, Visitor, set_cookie, visitor
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.http.requests import cursor, moment, next_cursor
-from registry_coordinator.http.routes import connections, probes, runs
-from registry_coordinator.semantics.codes import RunState
-from registry_coordinator.store import console_reads
+from registry_coordinator.http.requests import cursor, cursor_at, moment, next_cursor
+from registry_coordinator.http.routes import bulk, connections, probes, runs
+from registry_coordinator.semantics.codes import HoldCode, RunState
+from registry_coordinator.store import bulk_jobs, console_reads
+from registry_coordinator.store.bulk_jobs import BulkState
 from registry_coordinator.store.console_reads import Execution, HeldWork, Sending
 
 PAGE_SIZE = 50
-#: The held runs the landing page explains at most, oldest first; the rest are on the runs page.
-HELD_SHOWN = 200
+#: The held runs a page of the landing page explains, oldest first; the next page goes on.
+HELD_SHOWN = 25
 #: How much of a product's answer a page shows; the whole is in the database.
 ANSWER_PREVIEW = 600
 
@@ -137,9 +138,12 @@ async def _receipt(context: Context, run: store.RunStatus) -> tuple[Definition |
 
 
 def _actions(who: Visitor, run: store.RunStatus) -> list[str]:
+    """The actions the visitor may take on the run that can help it: for a held run, its
+    hold's, the recommended first and cancel last (reconcile cannot help a run whose
+    product refused the request)."""
     if run.state.terminal:
         return []
-    names = list(runs.ACTIONS) if run.state == RunState.HELD else ["cancel"]
+    names = list(wording.hold(run.hold_code).offers) if run.state == RunState.HELD else ["cancel"]
     return [name for name in names if runs.may_take(who.caller, name, run.workflow_id)]
 
 
@@ -155,12 +159,47 @@ async def _held_run(
     return HeldRun(run, runs.run_status(run), words, sent, receipt, actions, who.caller.operator)
 
 
+@dataclass(frozen=True)
+class Group:
+    """A group of held work as the landing page counts it: the runs, the connection their
+    step calls (None: not a call, or a definition no longer pinned), and their hold's
+    words."""
+
+    held: console_reads.HeldGroup
+    connection: str | None
+    words: wording.Hold
+
+
+def _connection(context: Context, workflow: str, step: str) -> str | None:
+    """The connection ``step`` of the pinned ``workflow`` calls, if it is a call step."""
+    for pinned in context.workflows.pinned:
+        found = pinned.definition.workflow.steps.get(step)
+        if pinned.definition.id == workflow and isinstance(found, Call):
+            return found.connection
+    return None
+
+
 async def held(context: Context) -> Response:
-    """The landing page: every held run the visitor may see, oldest first."""
+    """The landing page: the held runs the visitor may see counted by workflow, step and
+    hold, then each explained, oldest first."""
     who = await visitor(context)
-    held_work = await console_reads.held_runs(context.db, *_visibility(who), limit=HELD_SHOWN)
-    explained = [await _held_run(context, who, h.run, Sent.of_held(h)) for h in held_work]
-    return await page(context, who, "held.html", held=explained, shown=HELD_SHOWN)
+    visible = _visibility(who)
+    groups = [
+        Group(g, _connection(context, g.workflow, g.step), wording.hold(g.hold_code))
+        for g in await console_reads.held_groups(context.db, *visible)
+    ]
+    after = cursor(request.args.get("after"), console_reads.FIRST_HELD)
+    held_work = await console_reads.held_runs(context.db, *visible, HELD_SHOWN + 1, after)
+    explained = [
+        await _held_run(context, who, h.run, Sent.of_held(h)) for h in held_work[:HELD_SHOWN]
+    ]
+    more = None
+    if len(held_work) > HELD_SHOWN:
+        last = explained[-1].run
+        more = cursor_at(last.updated_at, last.id)
+    return await page(
+        context, who, "held.html", held=explained, shown=HELD_SHOWN, groups=groups, more=more
+    )
 
 
 def _moment(name: str) -> datetime | None:
@@ -173,7 +212,7 @@ async def runs_page(context: Context) -> Response:
     who = await visitor(context)
     caller, readable = _visibility(who)
     args = request.args
-    for name in ("workflow", "version", "caller", "q"):
+    for name in ("workflow", "version", "caller", "q", "hold"):
         if not storable(args.get(name)):
             raise Problem(400, "request.invalid-filter", f"{name} holds text that cannot be stored")
     state = args.get("state") or None
@@ -189,6 +228,7 @@ async def runs_page(context: Context) -> Response:
         since=_moment("since"),
         until=_moment("until"),
         text=args.get("q") or None,
+        hold_code=args.get("hold") or None,
         fields=runs.search_fields(
             context, args.get("workflow") or None, [args["field"]] if args.get("field") else []
         ),
@@ -210,6 +250,7 @@ async def runs_page(context: Context) -> Response:
         states=list(RunState),
         workflows=sorted({p.definition.id for p in context.workflows.pinned}),
         search_names=sorted({n for p in context.workflows.pinned for n in p.definition.search}),
+        holds=list(HoldCode),
     )
 
 
@@ -372,4 +413,50 @@ async def health_page(context: Context) -> Response:
             }
             for name, product in sorted(context.products.items())
         ],
+    )
+
+
+#: The changes a job's page offers in each state, each with its button's words.
+_JOB_CHANGES = {
+    BulkState.PREVIEWED: [("start", "Start: take the action on each run"), ("cancel", "Discard")],
+    BulkState.RUNNING: [("pause", "Pause the job"), ("cancel", "Cancel the job")],
+    BulkState.PAUSED: [("resume", "Resume the job"), ("cancel", "Cancel the job")],
+}
+
+
+async def bulk_page(context: Context) -> Response:
+    """Bulk jobs (operators): the form that previews one, prefilled from the link that
+    led here (a group of held work), and the latest jobs; live."""
+    who = await visitor(context)
+    who.caller.require_operator()
+    pinned = context.workflows.pinned
+    return await page(
+        context,
+        who,
+        "bulk.html",
+        given=request.args,
+        jobs=await bulk_jobs.latest(context.db, 20),
+        actions=list(runs.ACTIONS),
+        workflows=sorted({p.definition.id for p in pinned}),
+        states=list(RunState),
+        holds=list(HoldCode),
+        search_names=sorted({n for p in pinned for n in p.definition.search}),
+    )
+
+
+async def bulk_job_page(context: Context, job: str) -> Response:
+    """One bulk job: its progress, the changes its state allows, the first runs still to
+    take, the runs it did not act on and why, and who changed it; live."""
+    who = await visitor(context)
+    who.caller.require_operator()
+    found = await bulk.known(context, job)
+    return await page(
+        context,
+        who,
+        "bulk_job.html",
+        job=found,
+        changes=_JOB_CHANGES.get(found.state, []),
+        first=[run for run, _ in await bulk_jobs.next_runs(context.db, found.id, 10)],
+        left=await bulk_jobs.settled(context.db, found.id, 100, every=False),
+        events=await bulk_jobs.events(context.db, found.id),
     )

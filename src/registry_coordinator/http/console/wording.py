@@ -20,6 +20,8 @@ class Hold:
     title: str
     known: str  # what Coordinator knows, and what it does not
     advice: str  # which action fits, and when
+    #: The actions that can help, the one the advice recommends first, cancel last.
+    offers: tuple[str, ...] = ("reconcile", "retry-same", "cancel")
 
 
 HOLDS: dict[HoldCode, Hold] = {
@@ -28,6 +30,7 @@ HOLDS: dict[HoldCode, Hold] = {
         "The product answered 401 or 403: it did not act on the request.",
         "Fix Coordinator's service identity for this product, or the product's policy, "
         "then retry the same request.",
+        ("retry-same", "cancel"),
     ),
     HoldCode.OUTCOME_UNKNOWN: Hold(
         "Nobody knows whether the product acted",
@@ -36,6 +39,7 @@ HOLDS: dict[HoldCode, Hold] = {
         "Reconcile asks the product for its receipt of the original request, where it has "
         "one. Otherwise check in the product, then retry the same request (the product "
         "recognises its key) or cancel.",
+        ("reconcile", "retry-same", "cancel"),
     ),
     HoldCode.RESPONSE_INVALID: Hold(
         "The product answered with something Coordinator cannot use",
@@ -43,6 +47,7 @@ HOLDS: dict[HoldCode, Hold] = {
         "operation's schema. The answer is kept below.",
         "Ask the product's owners about the answer. Reconcile uses the product's receipt, "
         "if it has a usable one; retrying sends the same request with the same key.",
+        ("reconcile", "retry-same", "cancel"),
     ),
     HoldCode.RECEIPT_EXPIRED: Hold(
         "The product acted, but its answer has expired",
@@ -51,6 +56,7 @@ HOLDS: dict[HoldCode, Hold] = {
         "answer.",
         "Check the effect in the product. Nothing can be sent again under that key: cancel "
         "the run, and go on by hand if need be.",
+        ("cancel",),
     ),
     HoldCode.PREPARED_COMMAND_MISMATCH: Hold(
         "The action changed at the registry since it was prepared",
@@ -59,12 +65,14 @@ HOLDS: dict[HoldCode, Hold] = {
         "version, or not at all. Whether the first sending took effect is unknown.",
         "Check the record in the registry. Cancel; or retry once the registry offers the "
         "action as it was prepared.",
+        ("retry-same", "cancel"),
     ),
     HoldCode.RESULT_CONCEALED: Hold(
         "The product shows no result for this key",
         "Coordinator's identity cannot see the result it waits for: the key is wrong, or "
         "the connection's identity or profile does not reach it.",
         "Fix the connection's identity or profile, then retry to read it again; or cancel.",
+        ("retry-same", "cancel"),
     ),
     HoldCode.DISPATCH_INTERRUPTED: Hold(
         "Coordinator stopped while the request was out",
@@ -73,11 +81,13 @@ HOLDS: dict[HoldCode, Hold] = {
         "Reconcile completes the step on the product's own evidence: its receipt, or the "
         "answer that came back late. If there is none, check in the product, then retry "
         "the same request or cancel.",
+        ("reconcile", "retry-same", "cancel"),
     ),
     HoldCode.DEFINITION_UNUSABLE: Hold(
         "This build of Coordinator cannot load the run's workflow",
         "The workflow version the run started on cannot be read by the running build.",
         "Run a build that can read it, then retry; or cancel.",
+        ("retry-same", "cancel"),
     ),
     HoldCode.ENGINE_DEFECT: Hold(
         "Coordinator failed at this step (a defect)",
@@ -85,6 +95,7 @@ HOLDS: dict[HoldCode, Hold] = {
         "names it.",
         "Report it. Once fixed, retrying takes the step again (a call resends its sealed "
         "request with its key); or cancel.",
+        ("retry-same", "cancel"),
     ),
     HoldCode.DATA_UNOPENABLE: Hold(
         "The run's stored data does not open",
@@ -94,6 +105,7 @@ HOLDS: dict[HoldCode, Hold] = {
         "read; a request in flight before is shown as lost in the history.",
         "Have the database's administrator restore the value, or configure the keys it was "
         "sealed under, then retry; or cancel.",
+        ("retry-same", "cancel"),
     ),
     HoldCode.RESTORED_REVIEW: Hold(
         "The database was restored from a backup",
@@ -102,6 +114,7 @@ HOLDS: dict[HoldCode, Hold] = {
         "Check the product for this run's effects since the backup. Retry with an "
         "attestation of what you found (the step is taken again, a call resends its sealed "
         "request with its key); reconcile on the product's receipt; or cancel.",
+        ("retry-same", "reconcile", "cancel"),
     ),
 }
 

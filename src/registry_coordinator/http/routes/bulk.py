@@ -235,16 +235,24 @@ async def status(context: Context, job: str) -> Response:
     )
 
 
-async def change(context: Context, job: str, change: str) -> Response:
-    """Start, pause, resume or cancel a job, with a reason."""
+async def change_job(context: Context, job: str, change: str, actor: str, reason: str) -> BulkJob:
+    """Start, pause, resume or cancel a job for ``actor``, with ``reason``, as the API and
+    the console take it: the job as it stands after, or a refusal naming its state."""
     if change not in CHANGES:
         raise Problem(404, "route.not-found", f"no bulk job change {change}: {', '.join(CHANGES)}")
-    actor = await _operator(context)
-    reason = require_reason(await body_json())
     current = await known(context, job)
     if not await bulk_jobs.change(context.db, current.id, change, actor, reason):
         now = await known(context, job)
         raise Problem(409, "bulk.state", f"the job is {now.state}: it cannot {change}")
     if change in ("start", "resume"):
         context.bulk_started()
-    return json_response(shown(await known(context, job)))
+    return await known(context, job)
+
+
+async def change(context: Context, job: str, change: str) -> Response:
+    """Start, pause, resume or cancel a job, with a reason."""
+    if change not in CHANGES:
+        raise Problem(404, "route.not-found", f"no bulk job change {change}: {', '.join(CHANGES)}")
+    actor = await _operator(context)
+    reason = require_reason(await body_json())
+    return json_response(shown(await change_job(context, job, change, actor, reason)))

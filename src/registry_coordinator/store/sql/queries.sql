@@ -812,7 +812,7 @@ CROSS JOIN LATERAL (
 WHERE r.state = 'held' AND r.ended_at IS NULL;
 
 -- name: console_held_runs
--- The held runs a caller may see, oldest held first, each with its step's latest sending.
+-- A page of the held runs a caller may see, oldest held first, each with its latest sending.
 --
 -- Visible as in list_runs (caller and readable NULL: no limit). Beside a held call's
 -- late answer, the latest execution of the run's current step: the request it sealed
@@ -843,8 +843,23 @@ LEFT JOIN LATERAL (  -- the step's latest sending
 WHERE r.state = 'held' AND r.ended_at IS NULL
   AND (%(caller)s::text IS NULL OR r.caller = %(caller)s)
   AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]))
+  AND (r.updated_at, r.id) > (%(after_at)s, %(after_id)s)
 ORDER BY r.updated_at, r.id
 LIMIT %(limit)s;
+
+-- name: console_held_groups
+-- The held runs a caller may see, counted by workflow, step and hold code, most first.
+--
+-- Visible as in list_runs; each group's oldest and newest by the runs' last change, as
+-- console_held_runs orders them.
+SELECT r.workflow_id, r.step, r.hold_code, count(*) AS runs,
+       min(r.updated_at) AS oldest, max(r.updated_at) AS newest
+FROM runs r
+WHERE r.state = 'held' AND r.ended_at IS NULL
+  AND (%(caller)s::text IS NULL OR r.caller = %(caller)s)
+  AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]))
+GROUP BY r.workflow_id, r.step, r.hold_code
+ORDER BY runs DESC, oldest, r.workflow_id, r.step;
 
 -- name: console_held_count
 -- How many held runs a caller may see (visible as in list_runs; runs_active's predicate).
