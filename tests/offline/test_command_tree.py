@@ -124,6 +124,16 @@ TREE = {
     "coordinator admission release": {**REMOTE, "--reason": REQUIRED},
     "coordinator connections": {"<action>": REQUIRED},
     "coordinator bulk": {"<action>": REQUIRED},
+    "coordinator approvals": {"<action>": REQUIRED},
+    "coordinator approvals list": REMOTE,
+    **{
+        f"coordinator approvals {decision}": {
+            **REMOTE,
+            "<approval>": REQUIRED,
+            "--reason": REQUIRED,
+        }
+        for decision in ("approve", "reject")
+    },
     "coordinator connections list": REMOTE,
     "coordinator connections pause": {**REMOTE, "<connection>": REQUIRED, "--reason": REQUIRED},
     "coordinator connections resume": {**REMOTE, "<connection>": REQUIRED, "--reason": REQUIRED},

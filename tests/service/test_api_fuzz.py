@@ -218,7 +218,7 @@ def test_the_api_matches_its_document(live_api: tuple[str, tuple[Identity, ...]]
     url, identities = live_api
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-    assert len(operations) == 24
+    assert len(operations) == 26
     plan = [
         (operation, identity)
         for operation in operations

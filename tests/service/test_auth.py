@@ -27,21 +27,14 @@ from tests.support import (
     call,
     coordinator,
     h11_answer,
-    jwks,
+    jwt_auth,
     token,
 )
 
 
 @pytest.fixture
 def service(services: Services, tmp_path: Path) -> Service:
-    auth = {
-        "mode": "jwt",
-        "issuer": DEVELOPMENT_ISSUER,
-        "audience": DEVELOPMENT_AUDIENCE,
-        "jwksFile": str(jwks(tmp_path)),
-        "maxLifetime": "PT1H",
-        "policies": POLICIES,
-    }
+    auth = jwt_auth(tmp_path)
     return services(["timed-choice", "deadline"], extra={"auth": auth})
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -213,15 +212,19 @@ def test_a_run_changed_since_the_preview_is_left_alone(dsn: str, services: Servi
 
 
 def test_a_job_takes_its_runs_no_faster_than_its_rate(dsn: str, services: Services) -> None:
-    service, job = _started(services, dsn, 6, 5)
+    """Ten runs at five a second span at least nine fifths of a second. Each run's
+    settling is dated when its transaction began, after its turn came and a read or two,
+    which load can delay for one run and not the next: so the span is held, less the most
+    the first run's reads may have taken, not each gap."""
+    service, job = _started(services, dsn, 10, 5)
     _done(service, job["id"])
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
             "SELECT settled_at FROM bulk_job_runs WHERE job_id = %s ORDER BY position",
             (uuid.UUID(job["id"]),),
         ).fetchall()
-    gaps = [(b[0] - a[0]).total_seconds() for a, b in pairwise(rows)]
-    assert len(gaps) == 5 and min(gaps) >= 0.2 - 0.02, gaps  # one each 1/5 s at most
+    span = (rows[-1][0] - rows[0][0]).total_seconds()
+    assert len(rows) == 10 and span >= 9 / 5 - 0.4, span  # without the rate: a tenth of it
 
 
 def test_bad_bulk_requests_are_refused_naming_what_to_change(dsn: str, services: Services) -> None:

@@ -40,6 +40,7 @@ CLIENT = "coordinator-console"
 REDIRECT = "http://127.0.0.1:8123/console/signed-in?from=held"
 PEOPLE = {
     "ada": ("registry-operators", "coordinator.operate", "Ada Lindqvist (operator)"),
+    "bo": ("registry-operators", "coordinator.operate", "Bo Jensen (second operator)"),
     "sam": ("case-portal", "coordinator.runs", "Sam Okafor (caseworker supervisor)"),
 }
 #: Every parameter of an authorization request, in the order the issuer checks them.
@@ -216,7 +217,7 @@ def test_the_sign_in_page_offers_each_person_a_form_without_script(issuer: Runni
     assert page.headers["Content-Security-Policy"].startswith("default-src 'none'")
     parsed = Forms(page.text)
     assert parsed.scripts == 0
-    assert [f.button for f in parsed.forms] == ["Sign in as ada", "Sign in as sam"]
+    assert [f.button for f in parsed.forms] == ["Sign in as ada", "Sign in as bo", "Sign in as sam"]
     for form, person in zip(parsed.forms, PEOPLE, strict=True):
         assert (form.action, form.method) == ("/authorize/approve", "get")
         assert form.fields == {**asked, "person": person}

@@ -175,6 +175,10 @@ REVERSALS: dict[int, str] = {
         DROP TABLE bulk_jobs;
         DELETE FROM coordinator_migrations WHERE version = 25;
     """,
+    26: """
+        DROP TABLE approvals;
+        DELETE FROM coordinator_migrations WHERE version = 26;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

@@ -45,7 +45,7 @@ from tests.support.call_tasks import (
     invocations,
     stay,
 )
-from tests.support.callers import KEYS, POLICIES, call, jwks, token
+from tests.support.callers import KEYS, POLICIES, call, jwks, jwt_auth, token
 from tests.support.chaos import (
     ASKED,
     ASKING,
@@ -230,6 +230,7 @@ __all__ = [
     "invocations",
     "issuer_token",
     "jwks",
+    "jwt_auth",
     "metrics",
     "migrate",
     "moved",

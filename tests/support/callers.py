@@ -49,6 +49,19 @@ POLICIES = [
 ]
 
 
+def jwt_auth(directory: Path) -> dict[str, Any]:
+    """A service's ``auth`` that trusts the tokens :func:`token` signs, judged by
+    :data:`POLICIES` (the key set written in ``directory``)."""
+    return {
+        "mode": "jwt",
+        "issuer": DEVELOPMENT_ISSUER,
+        "audience": DEVELOPMENT_AUDIENCE,
+        "jwksFile": str(jwks(directory)),
+        "maxLifetime": "PT1H",
+        "policies": POLICIES,
+    }
+
+
 def jwks(directory: Path) -> Path:
     """The public halves of :data:`KEYS`, written as ``jwks.json`` in ``directory``."""
     entries = []

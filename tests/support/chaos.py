@@ -216,8 +216,15 @@ ASKED = re.compile(
 
 def called_or_asked(kinds: list[str]) -> bool:
     """Whether a finished run of two mutations has :data:`CALLED`'s history, or that
-    history with its products asked about an unknown outcome (:data:`ASKED`)."""
-    return ASKED.fullmatch(" ".join(kinds)) is not None
+    history with its products asked about an unknown outcome (:data:`ASKED`). The answer
+    to a sending found lost may still come back after its claim was given up: it is kept
+    (``late-answer``, only after a ``call-lost``) beside that history."""
+    lost = kinds.index("call-lost") if "call-lost" in kinds else len(kinds)
+    late = [n for n, kind in enumerate(kinds) if kind == "late-answer"]
+    if any(n < lost for n in late):
+        return False
+    rest = [kind for kind in kinds if kind != "late-answer"]
+    return ASKED.fullmatch(" ".join(rest)) is not None
 
 
 def final_states(dsn: str) -> dict[str, tuple[str, str | None, list[str]]]:

@@ -1,6 +1,6 @@
 """The operators' commands to a running service: ``coordinator runs ...``,
-``coordinator admission ...``, ``coordinator connections ...``, ``coordinator bulk ...``
-and ``coordinator erase``, their arguments;
+``coordinator admission ...``, ``coordinator connections ...``, ``coordinator bulk ...``,
+``coordinator approvals ...`` and ``coordinator erase``, their arguments;
 :mod:`registry_coordinator.http.remote` sends them and says what came back.
 
 Every remote command takes the same three options (where the service is, the file holding
@@ -23,8 +23,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def add_commands(commands: Commands) -> None:
-    """The ``runs``, ``admission``, ``connections``, ``bulk`` and ``erase`` commands, with
-    their common options."""
+    """The ``runs``, ``admission``, ``connections``, ``bulk``, ``approvals`` and ``erase``
+    commands, with their common options."""
     runs = commands.add_parser("runs", help="start, list, inspect and act on runs")
     common = type(runs)(add_help=False)  # a parent only: each command copies its options
     common.add_argument(
@@ -137,6 +137,19 @@ def add_commands(commands: Commands) -> None:
         verb.add_argument("job")
         verb.add_argument("--reason", required=True)
 
+    approvals = commands.add_parser(
+        "approvals", help="actions waiting for a second operator (fourEyes connections)"
+    )
+    asks = approvals.add_subparsers(dest="action", required=True, parser_class=type(runs))
+    asks.add_parser("list", parents=[common], help="the actions waiting, the oldest first")
+    for name, what in (
+        ("approve", "take the action another operator asked for"),
+        ("reject", "take nothing: the run stays as it is"),
+    ):
+        verb = asks.add_parser(name, parents=[common], help=what)
+        verb.add_argument("approval")
+        verb.add_argument("--reason", required=True)
+
     erase = commands.add_parser(
         "erase",
         parents=[common],
@@ -152,6 +165,7 @@ def handlers() -> dict[str, Handler]:
         "admission": _remote,
         "connections": _remote,
         "bulk": _remote,
+        "approvals": _remote,
         "erase": _remote,
     }
 

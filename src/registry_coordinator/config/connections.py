@@ -23,6 +23,7 @@ from registry_coordinator.authoring.source import DataPath
 from registry_coordinator.authoring.workflow import NAME
 from registry_coordinator.config.identity import ClientCredentials, Identity, read_identity
 from registry_coordinator.config.values import (
+    read_boolean,
     read_duration,
     read_integer,
     read_secret,
@@ -85,6 +86,9 @@ class ConnectionConfig:
     external: Reviewed | None = None
     #: The requests per second it takes (engine.pacing); None: as many as the pool sends.
     rate: Rate | None = None
+    #: Whether a retry-same or cancel of a run whose mutation over it is in doubt takes
+    #: effect only once a second operator approves it (``http.approvals``).
+    four_eyes: bool = False
 
     def binding(self) -> dict[str, JSON]:
         """What a request sealed over this connection is bound to, without a secret: its
@@ -177,6 +181,7 @@ _PRODUCT_OPTIONAL = [
     "completions",
     "verification",
     "rate",
+    "fourEyes",
 ]
 
 
@@ -220,6 +225,7 @@ def _product_connection(
     )
     verification = _verification(reader, item.get("verification", {}), at, what)
     rate = _rate(reader, item, at, what)
+    four_eyes = read_boolean(reader, item, "fourEyes", at, False)
     if not (product and base_url and identity):
         return None
     return ConnectionConfig(
@@ -241,6 +247,7 @@ def _product_connection(
         min(first, poll),
         feed,
         rate=rate,
+        four_eyes=four_eyes,
     )
 
 

@@ -84,6 +84,21 @@ def read_integer(
     return value
 
 
+def read_boolean(
+    reader: Reader, data: dict[str, JSON], name: str, path: DataPath, default: bool
+) -> bool:
+    value = data.get(name, default)
+    if not isinstance(value, bool):
+        reader.report(
+            "config.invalid-value",
+            f"{name} must be true or false, not {describe(value)}",
+            f"give {name}: true, or leave it out",
+            (*path, name),
+        )
+        return default
+    return value
+
+
 def read_duration(
     reader: Reader,
     data: dict[str, JSON],

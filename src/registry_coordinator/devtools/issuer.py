@@ -11,11 +11,13 @@ person    client (token's         scopes                   name (ID token's ``na
           ``client_id``)
 ========  ======================  =======================  ==================================
 ``ada``   ``registry-operators``  ``coordinator.operate``  Ada Lindqvist (operator)
+``bo``    ``registry-operators``  ``coordinator.operate``  Bo Jensen (second operator)
 ``sam``   ``case-portal``         ``coordinator.runs``     Sam Okafor (caseworker supervisor)
 ========  ======================  =======================  ==================================
 
 The clients and scopes are those of the policies in config/coordinator.example.yaml and
-the demo's configuration, so ada acts as an operator and sam as the case portal.
+the demo's configuration, so ada and bo act as operators (two, for four eyes) and sam
+as the case portal.
 
 Invariants:
 
@@ -87,6 +89,7 @@ PEOPLE = {
     person.login: person
     for person in (
         Person("ada", "registry-operators", ("coordinator.operate",), "Ada Lindqvist (operator)"),
+        Person("bo", "registry-operators", ("coordinator.operate",), "Bo Jensen (second operator)"),
         Person("sam", "case-portal", ("coordinator.runs",), "Sam Okafor (caseworker supervisor)"),
     )
 }

@@ -28,6 +28,7 @@ from registry_coordinator.http.problems import Problem, data_unopenable
 from registry_coordinator.http.requests import RETRY_AFTER, problem, read_whole_body, serving
 from registry_coordinator.http.routes import (
     admission,
+    approvals,
     bulk,
     connections,
     deliveries,
@@ -69,6 +70,8 @@ ROUTES = (
     route("/v1/connections", get=connections.listing),
     route("/v1/connections/<name>/pause", post=connections.pause),
     route("/v1/connections/<name>/resume", post=connections.resume),
+    route("/v1/approvals", get=approvals.listing),
+    route("/v1/approvals/<approval>/<decision>", post=approvals.decision),
     route("/v1/bulk-jobs", post=bulk.create, get=bulk.listing),
     route("/v1/bulk-jobs/<job>", get=bulk.status),
     route("/v1/bulk-jobs/<job>/<change>", post=bulk.change),

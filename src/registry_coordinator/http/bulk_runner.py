@@ -29,11 +29,11 @@ from registry_coordinator.config import Rate
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.pacing import Pace
 from registry_coordinator.http.context import Context
-from registry_coordinator.http.operations import Said
+from registry_coordinator.http.operations import Said, needs_approval
 from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.routes.runs import ACTIONS
 from registry_coordinator.store import bulk_jobs
-from registry_coordinator.store.bulk_jobs import Fence, Settled
+from registry_coordinator.store.bulk_jobs import JobFence, Settled
 from registry_coordinator.store.database import Unavailable
 from registry_coordinator.store.faults import crash_point
 
@@ -97,7 +97,7 @@ class BulkRunner:
             log.info("bulk job %s is done: %d runs", job_id, job.total)
 
     async def _one(
-        self, job: bulk_jobs.BulkJob, run_id: uuid.UUID, fence: Fence, said: Said
+        self, job: bulk_jobs.BulkJob, run_id: uuid.UUID, fence: JobFence, said: Said
     ) -> None:
         """Take the job's action on one run, or settle why not."""
         db = self.context.db
@@ -106,6 +106,10 @@ class BulkRunner:
             await bulk_jobs.settle(db, job.id, run_id, Settled.CHANGED, "run.archived")
             return
         assert job.started_by is not None
+        context = self.context
+        if await needs_approval(db, context.workflows, context.products, run, job.action):
+            await bulk_jobs.settle(db, job.id, run_id, Settled.REFUSED, "approval.required")
+            return
         try:
             await ACTIONS[job.action].take(self.context, run, job.started_by, said, fence)
             crash_point("bulk-committed")  # the action and its settling committed

@@ -32,9 +32,8 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.semantics.codes import TERMINAL, HoldCode, RunState
 from registry_coordinator.semantics.steps import Reply, ReplyKind, Request, detail
 from registry_coordinator.store import operator_actions
-from registry_coordinator.store.bulk_jobs import Fence
 from registry_coordinator.store.database import Database
-from registry_coordinator.store.operator_actions import LockedRun, OperatorRun
+from registry_coordinator.store.operator_actions import Fence, LockedRun, OperatorRun
 
 MAX_REASON = 1000
 #: Where a resend goes when its connection changed since its request was sealed.
@@ -87,6 +86,15 @@ class Said:
             )
         return cls(reason, attestation.strip(), binding)
 
+    def as_json(self) -> dict[str, JSON]:
+        """What was said, as :meth:`of` reads it back."""
+        said: dict[str, JSON] = {"reason": self.reason}
+        if self.attestation is not None:
+            said["attestation"] = self.attestation
+        if self.binding is not None:
+            said["binding"] = self.binding
+        return said
+
 
 @asynccontextmanager
 async def _locked(
@@ -99,7 +107,10 @@ async def _locked(
             raise Problem(404, "run.not-found", f"no run {run_id} that you may see")
         if fence is not None and locked.run.seq != fence.seq:
             raise Problem(
-                409, "run.changed", "the run changed since the bulk job's preview: left alone"
+                409,
+                "run.changed",
+                "the run changed since this action was asked for (a bulk job's preview, an "
+                "approval's request): it is left alone",
             )
         yield locked
 
@@ -188,6 +199,32 @@ async def retry_same(
                 event["binding"] = {**event["binding"], "current": change.current_url}
         await locked.resume(actor, event, rebind=rebind)
     timer.runnable()
+
+
+#: The holds of a run whose mutation may or may not have taken effect.
+IN_DOUBT = frozenset({HoldCode.OUTCOME_UNKNOWN, HoldCode.DISPATCH_INTERRUPTED})
+#: The actions a second operator must approve on such a run over a ``fourEyes`` connection.
+SECOND_EYES = ("retry-same", "cancel")
+
+
+async def needs_approval(
+    db: Database,
+    workflows: Workflows,
+    products: dict[str, Product],
+    run: store.RunStatus,
+    action: str,
+) -> bool:
+    """Whether ``action`` on ``run`` takes effect only once a second operator approves it:
+    a retry-same or cancel of a run held with its mutation in doubt, at a call over a
+    connection configured ``fourEyes``."""
+    if action not in SECOND_EYES or run.state != RunState.HELD or run.hold_code not in IN_DOUBT:
+        return False
+    try:
+        step = (await workflows.by_digest(db, run.digest)).step(run.step)
+    except (LookupError, Refused):
+        return False
+    product = products.get(step.connection) if isinstance(step, Call) else None
+    return product is not None and product.config.four_eyes
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The remote CLI's client: ``coordinator runs``, ``admission``, ``connections``,
-``bulk`` and ``erase`` over HTTP.
+``bulk``, ``approvals`` and ``erase`` over HTTP.
 
 :mod:`registry_coordinator.cli.remote` parses these commands (the layers: the command
 line may import this module, never the reverse); this module turns one into its request,
@@ -94,6 +94,11 @@ def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], 
         return "POST", path, {"reason": args.reason}, {}, {}
     if args.command == "bulk":
         return _bulk(args)
+    if args.command == "approvals":
+        if args.action == "list":
+            return "GET", "/v1/approvals", None, {}, {}
+        path = f"/v1/approvals/{quote(args.approval, safe='')}/{args.action}"
+        return "POST", path, {"reason": args.reason}, {}, {}
     action = args.action
     if action == "start":
         text = args.input
@@ -221,9 +226,25 @@ def _connections(args: argparse.Namespace, answer: JSON) -> str:
     return f"connection {answer['name']} resumed: {answer['runs']} runs that waited for it go on"
 
 
+def _approval(approval: JSON) -> str:
+    return (
+        f"approval {approval['id']}  {approval['state']}  {approval['action']} of run "
+        f"{approval['run']}, asked by {approval['requestedBy']} at {approval['requestedAt']}: "
+        f"{approval['reason']}"
+    )
+
+
 def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> str:
     if args.command == "bulk":
         return _bulk_text(args, answer)
+    if args.command == "approvals":
+        if args.action == "list":
+            return "\n".join(_approval(a) for a in answer["approvals"]) or "nothing waits"
+        return _approval(answer["approval"])
+    if "approval" in answer and args.command == "runs":
+        return (
+            _approval(answer["approval"]) + "\nnothing is done until another operator approves it"
+        )
     if args.command == "connections":
         return _connections(args, answer)
     if args.command == "admission":

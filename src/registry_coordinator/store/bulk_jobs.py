@@ -6,7 +6,7 @@ lease and takes its runs in order; paused, no run is taken until it is resumed;
 cancelled, none again. It is *done* once every run is settled.
 
 A run is settled once: ``acted`` (the action's write and the settling commit in one
-transaction, :class:`Fence`), ``unconfirmed`` (a reconcile found no receipt, recorded
+transaction, :class:`JobFence`), ``unconfirmed`` (a reconcile found no receipt, recorded
 in the run's history), ``changed`` (its seq moved since the preview: left alone), or
 ``refused`` (the action refused it, with the problem's code). So a kill anywhere neither
 repeats an action nor skips a run: a run is either settled, or untouched and taken again.
@@ -62,12 +62,16 @@ CHANGES: dict[str, tuple[BulkState, tuple[BulkState, ...]]] = {
 
 
 @dataclass(frozen=True)
-class Fence:
-    """A run as a job previewed it: the action is taken only while the run's ``seq`` is
-    ``seq``, and settles the job's run in the action's own transaction."""
+class JobFence:
+    """A run as a job previewed it (an :class:`operator_actions.Fence`): the action is
+    taken only while the run's ``seq`` is ``seq``, names the job in the run's history, and
+    settles the job's run in the action's own transaction."""
 
     job: uuid.UUID
     seq: int
+
+    def noted(self) -> dict[str, JSON]:
+        return {"bulkJob": str(self.job)}
 
     async def settle(self, conn: Connection, run: uuid.UUID, outcome: Settled) -> None:
         settled = await conn.row(
@@ -242,10 +246,12 @@ async def renew(db: Database, job_id: uuid.UUID, owner: str, lease: timedelta) -
     return await db.row("renew_bulk_job", params) is not None
 
 
-async def next_runs(db: Database, job_id: uuid.UUID, limit: int) -> list[tuple[uuid.UUID, Fence]]:
+async def next_runs(
+    db: Database, job_id: uuid.UUID, limit: int
+) -> list[tuple[uuid.UUID, JobFence]]:
     """The next ``limit`` runs the job has not settled, in its order, each with its fence."""
     rows = await db.rows("pending_bulk_runs", {"job": job_id, "limit": limit})
-    return [(r["run_id"], Fence(job_id, r["seq"])) for r in rows]
+    return [(r["run_id"], JobFence(job_id, r["seq"])) for r in rows]
 
 
 async def settle(

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Self
+from typing import Protocol, Self
 
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.custody import (
@@ -22,7 +22,7 @@ from registry_coordinator.custody import (
     sealer_for,
 )
 from registry_coordinator.semantics.codes import HoldCode, RunState
-from registry_coordinator.store.bulk_jobs import Fence, Settled
+from registry_coordinator.store.bulk_jobs import Settled
 from registry_coordinator.store.database import Connection, Database, Row
 from registry_coordinator.store.keys import SharedPlace
 from registry_coordinator.store.records import known
@@ -30,6 +30,19 @@ from registry_coordinator.store.statements import sealed_outputs
 
 #: The note of a reconcile that found no receipt: the run stays held.
 UNCONFIRMED = "reconcile-unconfirmed"
+
+
+class Fence(Protocol):
+    """An action taken for something beside the operator's request (a bulk job, an
+    approval): only while the run's ``seq`` is the one it was asked at; its history event
+    gets what :meth:`noted` gives, and :meth:`settle` writes in the action's transaction."""
+
+    @property
+    def seq(self) -> int: ...
+
+    def noted(self) -> dict[str, JSON]: ...
+
+    async def settle(self, conn: Connection, run: uuid.UUID, outcome: Settled) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -69,16 +82,17 @@ class LockedRun:
 
     conn: Connection
     run: OperatorRun  # as locked
-    #: The bulk job taking the action, if one is: its run is settled with the action's write.
+    #: What the action is taken for besides the operator's request, if anything (a bulk
+    #: job, an approval): settled with the action's write.
     fence: Fence | None = None
 
     def _fenced(self, event: JSON, **params: JSON) -> dict[str, JSON]:
-        """The action's parameters, its ``event`` as the run's history holds it (naming
-        the bulk job that took it, if one did; its reason sealed, if the run's data is:
-        every action's event is at the run's step)."""
+        """The action's parameters, its ``event`` as the run's history holds it (with what
+        its fence notes, if it has one: the bulk job, the approver; its reason sealed, if
+        the run's data is: every action's event is at the run's step)."""
         if self.fence is not None:
             assert isinstance(event, dict)
-            event = {**event, "bulkJob": str(self.fence.job)}
+            event = {**event, **self.fence.noted()}
         if self.run.data_key is not None:
             sealer = sealer_for(self.conn.sealer, self.run.id).under(self.run.data_key)
             event = sealer.seal_detail(self.run.id, self.run.step, event)
@@ -93,7 +107,7 @@ class LockedRun:
         await self._settle(Settled.UNCONFIRMED if kind == UNCONFIRMED else Settled.ACTED)
 
     async def _settle(self, outcome: Settled = Settled.ACTED) -> None:
-        """Settle the bulk job's run, if a job takes the action, in the action's transaction."""
+        """Settle the action's fence, if it has one, in the action's transaction."""
         if self.fence is not None:
             await self.fence.settle(self.conn, self.run.id, outcome)
 

@@ -21,6 +21,7 @@ from registry_coordinator.store.database import Database, Queries
 GRANTS: dict[str, tuple[str, ...]] = {
     "admission": ("SELECT", "INSERT", "UPDATE"),
     "admission_events": ("SELECT", "INSERT"),
+    "approvals": ("SELECT", "INSERT", "UPDATE"),
     "archived_runs": ("SELECT", "INSERT"),
     "audit_checkpoints": ("SELECT", "INSERT"),
     "audit_leaves": ("SELECT", "INSERT"),

@@ -32,7 +32,14 @@ from registry_coordinator.http.console.visitors import Visitor, checked_form, vi
 from registry_coordinator.http.context import Context
 from registry_coordinator.http.operations import Evidence, require_reason
 from registry_coordinator.http.problems import Problem
-from registry_coordinator.http.routes import admission, bulk, connections, runs, subjects
+from registry_coordinator.http.routes import (
+    admission,
+    approvals,
+    bulk,
+    connections,
+    runs,
+    subjects,
+)
 from registry_coordinator.semantics.codes import HoldCode
 from registry_coordinator.store import console_reads, keys, pauses
 
@@ -149,13 +156,15 @@ async def take(context: Context, run_id: str, action: str) -> Response:
     reason = form.get("reason", "")
     try:
         await _unchanged(context, who, run_id, action, form.get("seq"))
-        run, status = await runs.act(context, who.caller, run_id, action, _body(form))
+        taken = await runs.act(context, who.caller, run_id, action, _body(form))
     except Problem as refused:
         if refused.status in (401, 403, 404):
             raise
         return await _form(context, who, run_id, action, "ask", reason, refused, form)
-    query = urlencode({"done": action if status == 200 else f"{action}-pending"})
-    return redirect(f"/console/runs/{run.id}?{query}")
+    done = action if taken.status == 200 else f"{action}-pending"
+    if taken.approval is not None:
+        done = f"{action}-approval"
+    return redirect(f"/console/runs/{taken.run.id}?{urlencode({'done': done})}")
 
 
 async def _unchanged(
@@ -357,3 +366,14 @@ async def bulk_change(context: Context, job: str, change: str) -> Response:
     reason = require_reason(form)
     changed = await bulk.change_job(context, job, change, who.caller.actor, reason)
     return redirect(f"/console/bulk/{changed.id}")
+
+
+async def approval_decide(context: Context, approval: str, decision: str) -> Response:
+    """Approve or reject an action another operator asked for, with the form's reason, as
+    the API does; then Held work, which says what was decided."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    who.caller.require_operator()
+    reason = require_reason(form)
+    decided, _ = await approvals.decide(context, approval, decision, who.caller.actor, reason)
+    return redirect("/console/?" + urlencode({"done": decided.state}))

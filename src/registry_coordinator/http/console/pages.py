@@ -31,7 +31,7 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import cursor, cursor_at, moment, next_cursor
 from registry_coordinator.http.routes import bulk, connections, probes, runs
 from registry_coordinator.semantics.codes import HoldCode, RunState
-from registry_coordinator.store import bulk_jobs, console_reads
+from registry_coordinator.store import approvals, bulk_jobs, console_reads
 from registry_coordinator.store.bulk_jobs import BulkState
 from registry_coordinator.store.console_reads import Execution, HeldWork, Sending
 
@@ -197,8 +197,17 @@ async def held(context: Context) -> Response:
     if len(held_work) > HELD_SHOWN:
         last = explained[-1].run
         more = cursor_at(last.updated_at, last.id)
+    waiting = await approvals.pending(context.db) if who.caller.operator else []
     return await page(
-        context, who, "held.html", held=explained, shown=HELD_SHOWN, groups=groups, more=more
+        context,
+        who,
+        "held.html",
+        held=explained,
+        shown=HELD_SHOWN,
+        groups=groups,
+        more=more,
+        waiting=waiting,
+        done=request.args.get("done"),
     )
 
 
@@ -290,6 +299,7 @@ async def run_page(context: Context, run_id: str) -> Response:
         events=events,
         event_words=wording.EVENTS,
         done=_done(request.args.get("done"), events),
+        waiting=await approvals.waiting_on(context.db, run.id),
     )
 
 

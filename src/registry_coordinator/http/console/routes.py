@@ -47,6 +47,7 @@ ROUTES = (
     route("/console/admission/<change>", post=actions.admission_take),
     route("/console/admission/<change>/review", post=actions.admission_review),
     route("/console/connections/<name>/<action>", post=actions.connection_take),
+    route("/console/approvals/<approval>/<decision>", post=actions.approval_decide),
     route("/console/bulk", get=pages.bulk_page, post=actions.bulk_preview),
     route("/console/bulk/<job>", get=pages.bulk_job_page),
     route("/console/bulk/<job>/<change>", post=actions.bulk_change),

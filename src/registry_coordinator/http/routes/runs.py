@@ -38,7 +38,8 @@ from registry_coordinator.http.routes import admission
 from registry_coordinator.http.routes.archive import archived_status, gone
 from registry_coordinator.observability import logs
 from registry_coordinator.semantics.codes import RunState
-from registry_coordinator.store.bulk_jobs import Fence
+from registry_coordinator.store import approvals
+from registry_coordinator.store.operator_actions import Fence
 
 #: What a listing lists: live runs, or archived ones.
 Listed = TypeVar("Listed", store.RunStatus, store.ArchivedRun)
@@ -393,26 +394,67 @@ def may_take(who: Caller, name: str, workflow: str) -> bool:
     return (who.operator or not action.operator) and who.may(action.permission, workflow)
 
 
+@dataclass(frozen=True)
+class Taken:
+    """What became of an action: the run as it stands after, the status of the outcome,
+    and the approval it waits for instead, where a second operator must approve it."""
+
+    run: store.RunStatus
+    status: int
+    approval: approvals.Approval | None = None
+
+
 async def act(
     context: Context, who: Caller, run_id: str, name: str, body: Callable[[], Awaitable[JSON]]
-) -> tuple[store.RunStatus, int]:
+) -> Taken:
     """Take the action ``name`` on a run for ``who``, with the reason in the request's
     ``body``: the caller checked an operator if the action needs one, then the run, then the
-    body and its reason, in the order a refusal names them. The run as it stands after, and
-    the status of the outcome."""
+    body and its reason, in the order a refusal names them. A retry-same or cancel of a
+    mutation in doubt over a ``fourEyes`` connection is kept for a second operator
+    instead (202, and the approval)."""
     action = ACTIONS[name]
     if action.operator:
         who.require_operator()
     run = await visible_run(context, who, run_id, action.permission)
     said = operations.Said.of(await body())
+    if await operations.needs_approval(context.db, context.workflows, context.products, run, name):
+        asked = await approvals.request(
+            context.db, run.id, run.seq, name, said.as_json(), who.actor
+        )
+        if asked is None:
+            raise Problem(
+                409,
+                "approval.pending",
+                "an action on this run already waits for a second operator's approval: "
+                "decide that one first (GET /v1/approvals)",
+            )
+        return Taken(run, 202, asked)
     status = await action.take(context, run, who.actor, said)
-    return await _current(context, run.id), status
+    return Taken(await _current(context, run.id), status)
+
+
+def approval_shown(approval: approvals.Approval) -> JSON:
+    """An approval as the API shows it."""
+    return {
+        "id": str(approval.id),
+        "run": str(approval.run_id),
+        "action": approval.action,
+        "state": approval.state,
+        "requestedBy": approval.requested_by,
+        "requestedAt": instant(approval.requested_at),
+        "reason": approval.said.get("reason"),
+        "decidedBy": approval.decided_by,
+        "decidedAt": instant(approval.decided_at),
+        "decision": approval.decision,
+    }
 
 
 async def _api_action(context: Context, run_id: str, name: str) -> Response:
     who = await authenticated(context)
-    run, status = await act(context, who, run_id, name, body_json)
-    return json_response(run_status(run), status)
+    taken = await act(context, who, run_id, name, body_json)
+    if taken.approval is not None:
+        return json_response({"approval": approval_shown(taken.approval)}, 202)
+    return json_response(run_status(taken.run), taken.status)
 
 
 async def cancel(context: Context, run_id: str) -> Response:

@@ -1582,3 +1582,38 @@ SELECT id FROM done;
 -- A job's changes, oldest first: what, when, by whom and why (sealed under reason_key).
 SELECT kind, at, actor, reason, data_key AS reason_key FROM bulk_job_events
 WHERE job_id = %(job)s ORDER BY at;
+
+-- name: request_approval
+-- An action kept pending a second operator's approval, unless one is pending for the run.
+INSERT INTO approvals (id, run_id, seq, action, said, said_key, requested_by, requested_at,
+                       state)
+VALUES (%(id)s, %(run)s, %(seq)s, %(action)s, %(said)s, %(said_key)s, %(actor)s, now(),
+        'pending')
+ON CONFLICT DO NOTHING
+RETURNING id;
+
+-- name: approval_by_id
+-- One approval asked for: the action, who asked, when and why, and how it was decided.
+SELECT id, run_id, seq, action, said, said_key, requested_by, requested_at, state,
+       decided_by, decided_at, decision, decision_key
+FROM approvals WHERE id = %(id)s;
+
+-- name: pending_approvals
+-- The approvals still to decide, the oldest asked first.
+SELECT id, run_id, seq, action, said, said_key, requested_by, requested_at, state,
+       decided_by, decided_at, decision, decision_key
+FROM approvals WHERE state = 'pending' ORDER BY requested_at, id LIMIT %(limit)s;
+
+-- name: decide_approval
+-- A pending approval decided (approved, rejected, or stale: the run changed), with who and why.
+UPDATE approvals
+SET state = %(state)s, decided_by = %(actor)s, decided_at = now(), decision = %(decision)s,
+    decision_key = %(decision_key)s
+WHERE id = %(id)s AND state = 'pending'
+RETURNING id;
+
+-- name: pending_approval_of_run
+-- The action on a run that waits for a second operator's approval, if one does.
+SELECT id, run_id, seq, action, said, said_key, requested_by, requested_at, state,
+       decided_by, decided_at, decision, decision_key
+FROM approvals WHERE run_id = %(run)s AND state = 'pending';
