@@ -2,7 +2,8 @@
 matched exactly, never as a part of a longer value, every field asked for at once, a page
 at a time over the API, the CLI and the console; kept as keyed digests, never in clear;
 and an erased subject's runs found by no field. A name no workflow declares, a malformed
-filter, and a field asked of archived runs are refused 400 naming what to do.
+filter, and a field asked of archived runs are refused 400 naming what to do. The runs
+page beside them counts the live states as tabs that keep its other filters.
 """
 
 from __future__ import annotations
@@ -142,3 +143,32 @@ def test_an_erased_subjects_runs_are_found_by_no_field(dsn: str, services: Servi
             "SELECT count(*) FROM run_search WHERE run_id = %s", (uuid.UUID(run),)
         ).fetchone()
     assert left == (0,)
+
+
+def test_the_runs_page_counts_the_live_states_as_tabs_keeping_the_filters(
+    dsn: str, services: Services
+) -> None:
+    service = services([WORKFLOW])
+    office = f"t{uuid.uuid4().hex[:8]}"
+    later = "2099-01-01T00:00:00Z"
+    batch = {
+        "starts": [
+            {
+                "key": str(uuid.uuid4()),
+                "workflow": WORKFLOW,
+                "input": {"applicationId": f"{office}-{n}", "office": office, "until": later},
+            }
+            for n in range(3)
+        ]
+    }
+    for result in service.http.post("/v1/runs:batch", json=batch).json()["results"]:
+        wait_state(dsn, result["run"]["id"], RunState.WAITING)
+    page = service.http.get("/console/runs", params={"workflow": WORKFLOW}).text
+    with psycopg.connect(dsn) as conn:
+        [(waiting,)] = conn.execute(
+            "SELECT count(*) FROM runs WHERE state = 'waiting' AND ended_at IS NULL"
+        ).fetchall()
+    assert waiting >= 3
+    tab = f'href="/console/runs?workflow={WORKFLOW}&amp;state=waiting">waiting '
+    assert f'{tab}<span class="badge">{waiting}</span>' in page, page
+    assert f'href="/console/runs?workflow={WORKFLOW}" aria-current="true">all' in page

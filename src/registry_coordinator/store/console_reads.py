@@ -192,6 +192,15 @@ async def held_groups(
     ]
 
 
+async def live_counts(
+    db: Database, caller: str | None, readable: frozenset[str] | None
+) -> dict[str, int]:
+    """How many runs the caller may see are in each state that has not ended, by state
+    (the ended ones are not counted: that would read every run ever kept)."""
+    rows = await db.rows("console_live_counts", _visible(caller, readable))
+    return {row["state"]: int(row["runs"]) for row in rows}
+
+
 async def held_count(db: Database, caller: str | None, readable: frozenset[str] | None) -> int:
     """How many runs :func:`held_runs` would show without a limit: every page shows it."""
     row = await db.row("console_held_count", _visible(caller, readable))

@@ -260,6 +260,11 @@ async def runs_page(context: Context) -> Response:
         workflows=sorted({p.definition.id for p in context.workflows.pinned}),
         search_names=sorted({n for p in context.workflows.pinned for n in p.definition.search}),
         holds=list(HoldCode),
+        counts=await console_reads.live_counts(context.db, caller, readable),
+        tabs=[
+            (state, {k: v for k, v in args.items() if k not in ("state", "cursor") and v})
+            for state in ("", *RunState)
+        ],
     )
 
 

@@ -861,6 +861,14 @@ WHERE r.state = 'held' AND r.ended_at IS NULL
 GROUP BY r.workflow_id, r.step, r.hold_code
 ORDER BY runs DESC, oldest, r.workflow_id, r.step;
 
+-- name: console_live_counts
+-- How many runs a caller may see are in each state that has not ended (runs_active's predicate).
+SELECT r.state, count(*) AS runs FROM runs r
+WHERE r.ended_at IS NULL
+  AND (%(caller)s::text IS NULL OR r.caller = %(caller)s)
+  AND (%(readable)s::text[] IS NULL OR r.workflow_id = ANY (%(readable)s::text[]))
+GROUP BY r.state;
+
 -- name: console_held_count
 -- How many held runs a caller may see (visible as in list_runs; runs_active's predicate).
 SELECT count(*) AS held FROM runs r
