@@ -31,7 +31,7 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.routes import admission
 from registry_coordinator.observability.metrics import Metrics
 from registry_coordinator.store.database import Database, sync_connection
-from registry_coordinator.store.operator_actions import set_admission
+from registry_coordinator.store.operator_actions import set_admission, set_workflow_hold
 from tests.support import (
     TEST_WORKFLOWS,
     Cluster,
@@ -282,6 +282,32 @@ async def test_a_start_waits_for_a_hold_in_progress_and_is_refused(dsn: str) -> 
         assert (blocked, outcome) == (True, "admission.held")
     with sync_connection(dsn) as conn:
         assert conn.execute("SELECT count(*) AS n FROM runs").fetchone() == {"n": 0}
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("hold_first", [True, False])
+async def test_one_workflows_hold_and_its_start_serialize(dsn: str, hold_first: bool) -> None:
+    """As admission's: a start of a workflow whose hold is written, not yet committed,
+    waits for it and is refused; a hold that comes while a start of it is written waits,
+    so that run was admitted before the hold's answer."""
+    async with database(dsn, size=3) as db:
+        workflows = await pinned(db)
+        hold = partial(set_workflow_hold, workflow="timed-choice", held=True, actor="ops")
+        if hold_first:
+            blocked, outcome = await rival_while_uncommitted(
+                db,
+                lambda uncommitted: hold(uncommitted, reason="a fault"),
+                partial(started, db, workflows),
+            )
+            assert (blocked, outcome) == (True, "admission.held")
+        else:
+            blocked, _ = await rival_while_uncommitted(
+                db, partial(started, workflows=workflows), partial(hold, db, reason="a fault")
+            )
+            assert blocked
+    with sync_connection(dsn) as conn:
+        count = conn.execute("SELECT count(*) AS n FROM runs").fetchone()
+        assert count == {"n": 0 if hold_first else 1}
 
 
 @pytest.mark.trio

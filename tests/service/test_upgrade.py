@@ -179,6 +179,11 @@ REVERSALS: dict[int, str] = {
         DROP TABLE approvals;
         DELETE FROM coordinator_migrations WHERE version = 26;
     """,
+    27: """
+        ALTER TABLE admission_events DROP COLUMN workflow_id;
+        DROP TABLE workflow_holds;
+        DELETE FROM coordinator_migrations WHERE version = 27;
+    """,
 }
 
 #: The schema, read from PostgreSQL's catalogs in an order that does not depend on when

@@ -89,6 +89,7 @@ def add_commands(commands: Commands) -> None:
     for name in ("hold", "release"):
         change = changes.add_parser(name, parents=[common], help=f"{name} admission")
         change.add_argument("--reason", required=True)
+        change.add_argument("--workflow", help=f"{name} the starts of this workflow only")
 
     connections = commands.add_parser(
         "connections", help="list connections; pause or resume one for its product's maintenance"

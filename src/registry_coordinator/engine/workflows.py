@@ -37,6 +37,7 @@ from registry_coordinator.config import (
     Problems,
     read_config,
 )
+from registry_coordinator.store import operator_actions
 from registry_coordinator.store.database import Database
 
 
@@ -319,8 +320,10 @@ class Workflows:
                 yield step_id, step, operation, connections[step.connection]
 
     async def store(self, db: Database) -> None:
+        """Keep every pinned definition, and a row its starts may be held by."""
         for pin in self.pinned:
             await store.store_definition(db, pin.definition, pin.digest, pin.artifact)
+        await operator_actions.add_workflow_holds(db, [p.definition.id for p in self.pinned])
 
     def for_start(self, workflow_id: str, version: str | None) -> Pinned | None:
         """The pinned definition a new start gets: the named version, or the one pinned last."""

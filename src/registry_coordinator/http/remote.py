@@ -84,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], dict[str, str]]:
     """The HTTP request a command makes: method, path, body, query and headers."""
     if args.command == "admission":
-        return "POST", f"/v1/admission/{args.action}", {"reason": args.reason}, {}, {}
+        asked: dict[str, JSON] = {"reason": args.reason}
+        if args.workflow:
+            asked["workflow"] = args.workflow
+        return "POST", f"/v1/admission/{args.action}", asked, {}, {}
     if args.command == "erase":
         return "POST", "/v1/erasures", {"subject": args.subject, "reason": args.reason}, {}, {}
     if args.command == "connections":
@@ -248,7 +251,8 @@ def _text(args: argparse.Namespace, answer: JSON, headers: dict[str, str]) -> st
     if args.command == "connections":
         return _connections(args, answer)
     if args.command == "admission":
-        return f"admission {'held' if answer['held'] else 'released'}: {answer['reason']}"
+        which = "admission" if answer["workflow"] is None else f"starts of {answer['workflow']}"
+        return f"{which} {'held' if answer['held'] else 'released'}: {answer['reason']}"
     if args.command == "erase":
         when = f"at {answer['erasedAt']} by {answer['erasedBy']}"
         if answer["before"]:

@@ -164,3 +164,38 @@ def admission_reason(sealer: Sealer | None, row: Row) -> str:
     """The reason of an admission row (``reason``, sealed under ``reason_key`` or in clear
     when that is NULL), opened: :class:`Unopenable` where it does not."""
     return str(_ADMISSION.open(sealer, row["reason"], row["reason_key"]))
+
+
+@dataclass(frozen=True)
+class WorkflowHold:
+    """One workflow's starts held: by whom, since when, and why."""
+
+    workflow: str
+    actor: str
+    at: datetime
+    reason: str
+
+
+async def add_workflow_holds(db: Database, workflows: list[str]) -> None:
+    """A row, not held, for each workflow whose starts may be held: made before a service
+    serves, so that the statement admitting a run shares it and a hold waits for that."""
+    await db.execute("add_workflow_holds", {"workflow_ids": sorted(set(workflows))})
+
+
+async def set_workflow_hold(
+    db: Database, workflow: str, held: bool, actor: str, reason: str
+) -> None:
+    """Hold or release the starts of ``workflow``, with its event, the reason sealed as
+    admission's is; a start of it and the hold serialize on its row."""
+    stored, key = _ADMISSION.seal(db.sealer, reason)
+    params = {"workflow_id": workflow, "held": held, "reason": stored, "actor": actor}
+    await db.execute("set_workflow_hold", {**params, "data_key": key})
+
+
+async def held_workflow_starts(db: Database, workflows: list[str] | None) -> list[WorkflowHold]:
+    """The workflows whose starts are held (of ``workflows``; None: any), each opened."""
+    rows = await db.rows("held_workflows", {"workflow_ids": workflows})
+    return [
+        WorkflowHold(r["workflow_id"], r["actor"], r["at"], admission_reason(db.sealer, r))
+        for r in rows
+    ]

@@ -44,6 +44,7 @@ GRANTS: dict[str, tuple[str, ...]] = {
     "runs": ("SELECT", "INSERT", "UPDATE"),
     "timeline": ("SELECT", "UPDATE"),
     "waits": ("SELECT", "INSERT", "DELETE"),
+    "workflow_holds": ("SELECT", "INSERT", "UPDATE"),
 }
 #: The functions serve calls that PUBLIC may not.
 FUNCTIONS = ("remove_archived(uuid[])", "forget_deliveries(bigint)")

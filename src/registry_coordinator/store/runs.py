@@ -53,7 +53,7 @@ from registry_coordinator.store.database import (
 )
 from registry_coordinator.store.faults import crash_point
 from registry_coordinator.store.leases import Holder, Holdings, extend_leases, take_over
-from registry_coordinator.store.operator_actions import admission_reason
+from registry_coordinator.store.operator_actions import admission_reason, held_workflow_starts
 from registry_coordinator.store.records import ArchivedRun, HistoryEvent, LateAnswer, RunStatus
 from registry_coordinator.store.statements import wait_due
 
@@ -159,11 +159,12 @@ class StartArchived(CoordinatorError):
 
 
 class AdmissionHeld(CoordinatorError):
-    """An operator holds admission: no new run is admitted."""
+    """An operator holds admission: no new run is admitted (of ``workflow``, if it names
+    the one workflow whose starts are held)."""
 
-    def __init__(self, reason: str, actor: str) -> None:
+    def __init__(self, reason: str, actor: str, workflow: str | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.actor = reason, actor
+        self.reason, self.actor, self.workflow = reason, actor, workflow
 
 
 @dataclass(frozen=True)
@@ -426,14 +427,24 @@ async def _not_admitted(
 ) -> dict[str, StartOutcome]:
     """What became of the starts admission did not create, by key (``left`` gives each
     one's start digest, ``concurrent`` its workflow and kept concurrency key), with
-    admission as it stood when they were refused (``gate``): one read of the runs, live or
-    archived, that their keys started, and one of the live runs of their concurrency keys
-    if a start was refused for one."""
+    admission as it stood when they were refused (``gate``, with the workflows whose starts
+    were held): one read of the runs, live or archived, that their keys started, one of
+    those holds if some was, and one of the live runs of their concurrency keys if a start
+    was refused for one."""
     keys = {"caller": caller, "start_keys": list(left)}
     found = {row["start_key"]: row for row in await db.rows("runs_by_start_keys", keys)}
+    held = gate["held_workflows"]
+    held_workflows = {
+        hold.workflow: AdmissionHeld(hold.reason, hold.actor, hold.workflow)
+        for hold in (await held_workflow_starts(db, held) if held else [])
+    }
     outcomes: dict[str, StartOutcome] = {}
     for key, started in left.items():
         row = found.get(key)
+        workflow = concurrent[key][0]
+        if row is None and not gate["held"] and workflow in held_workflows:
+            outcomes[key] = held_workflows[workflow]
+            continue
         if row is None and not gate["held"]:
             continue  # refused for its concurrency key: a run of it is live
         if row is None:

@@ -137,8 +137,9 @@ Refused = store.KeyReused | store.StartArchived | store.AdmissionHeld | store.Ru
 def _refusal(refused: Refused) -> Problem:
     """The refusal a start the store did not admit is answered with."""
     if isinstance(refused, store.AdmissionHeld):
+        which = "new runs" if refused.workflow is None else f"new runs of {refused.workflow}"
         return Problem(
-            503, "admission.held", f"new runs are not admitted: {refused.reason} ({refused.actor})"
+            503, "admission.held", f"{which} are not admitted: {refused.reason} ({refused.actor})"
         )
     if isinstance(refused, store.StartArchived):
         return gone(refused.run)
@@ -315,19 +316,32 @@ async def pinned(context: Context) -> Response:
 
 async def change(
     context: Context, who: Caller, held: bool, body: Callable[[], Awaitable[JSON]]
-) -> str:
+) -> tuple[str, str | None]:
     """Hold or release admission for ``who``, an operator (checked first), with the reason
-    in the request's ``body``; the reason as recorded."""
+    in the request's ``body``: every start, or those of the pinned workflow the body names
+    (``workflow``). The reason as recorded, and the workflow."""
     who.require_operator()
-    reason = require_reason(await body())
-    await operator_actions.set_admission(context.db, held, who.actor, reason)
-    return reason
+    given = await body()
+    reason = require_reason(given)
+    workflow = given.get("workflow") if isinstance(given, dict) else None
+    if workflow in (None, ""):
+        await operator_actions.set_admission(context.db, held, who.actor, reason)
+        return reason, None
+    if not isinstance(workflow, str) or context.workflows.for_start(workflow, None) is None:
+        pinned = sorted({p.definition.id for p in context.workflows.pinned})
+        raise Problem(
+            404,
+            "workflow.not-pinned",
+            f"no pinned workflow {workflow!r} to hold the starts of: one of {', '.join(pinned)}",
+        )
+    await operator_actions.set_workflow_hold(context.db, workflow, held, who.actor, reason)
+    return reason, workflow
 
 
 async def _change(context: Context, held: bool) -> Response:
     who = await authenticated(context)
-    reason = await change(context, who, held, body_json)
-    return json_response({"held": held, "reason": reason, "actor": who.actor})
+    reason, workflow = await change(context, who, held, body_json)
+    return json_response({"held": held, "reason": reason, "actor": who.actor, "workflow": workflow})
 
 
 async def hold(context: Context) -> Response:

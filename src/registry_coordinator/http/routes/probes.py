@@ -18,10 +18,11 @@ from quart import Response
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON
 from registry_coordinator.http.context import Context
-from registry_coordinator.http.requests import json_response
+from registry_coordinator.http.requests import instant, json_response
 from registry_coordinator.observability import health as health_reads
 from registry_coordinator.observability.metrics import CONTENT_TYPE
 from registry_coordinator.semantics.codes import RunState
+from registry_coordinator.store import console_reads, operator_actions
 from registry_coordinator.store.database import Unavailable
 
 #: Runs with a changed binding counted at most, per probe.
@@ -67,6 +68,7 @@ async def readiness(context: Context) -> dict[str, JSON]:
         },
         "recovery": {"ok": context.recovery is None, "detail": context.recovery},
         "bindings": await _bindings(context),
+        "admission": await _admission(context),
         "connections": {  # paused for maintenance, as this process last heard
             "ok": True,
             "paused": sorted(name for name, p in context.products.items() if p.paused),
@@ -76,6 +78,23 @@ async def readiness(context: Context) -> dict[str, JSON]:
             "detail": context.high_water.failing
             or ("kept" if context.high_water.path else "not configured"),
         },
+    }
+
+
+async def _admission(context: Context) -> dict[str, JSON]:
+    """Whether new starts are held, every one or some workflows' (by whom and since when;
+    the reasons are for operators): reported, not a reason to be unready."""
+    try:
+        now = await console_reads.admission(context.db)
+        held = await operator_actions.held_workflow_starts(context.db, None)
+    except Unavailable:
+        return {"ok": True, "detail": "not read: the database is unavailable"}
+    return {
+        "ok": True,
+        "held": bool(now and now.held),
+        "heldWorkflows": [
+            {"workflow": h.workflow, "by": h.actor, "since": instant(h.at)} for h in held
+        ],
     }
 
 

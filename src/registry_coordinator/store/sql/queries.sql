@@ -60,6 +60,8 @@ SELECT artifact FROM definitions WHERE digest = %(digest)s;
 -- run_status shows it. (admit_runs does the same for many starts.)
 WITH gate AS MATERIALIZED (
     SELECT held, reason, actor, data_key AS reason_key FROM admission FOR SHARE
+), workflow_gate AS MATERIALIZED (  -- its workflow's starts held (schema 27), shared as gate
+    SELECT held FROM workflow_holds WHERE workflow_id = %(workflow_id)s FOR SHARE
 ), subject AS MATERIALIZED (
     SELECT id FROM data_keys WHERE id = %(subject_key)s AND erased_at IS NULL FOR KEY SHARE
 ), admitted AS (
@@ -70,6 +72,7 @@ WITH gate AS MATERIALIZED (
            %(input)s, %(data_key)s, 'running', %(step)s, 1, now(), now(),
            now() + %(deadline)s, now(), %(traceparent)s, %(concurrency_key)s
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
+      AND NOT EXISTS (SELECT FROM workflow_gate WHERE held)
       AND (%(subject_key)s::bigint IS NULL OR EXISTS (SELECT FROM subject))
       AND NOT EXISTS (SELECT FROM archived_runs  -- a key is remembered past archiving
                       WHERE caller = %(caller)s AND start_key = %(start_key)s)
@@ -88,6 +91,7 @@ WITH gate AS MATERIALIZED (
     SELECT term, id FROM admitted, unnest(%(search_terms)s::text[]) AS term
 )
 SELECT gate.held, gate.reason, gate.actor, gate.reason_key,
+       ARRAY(SELECT %(workflow_id)s::text FROM workflow_gate WHERE held) AS held_workflows,
        ARRAY(SELECT %(subject_key)s::bigint WHERE %(subject_key)s IS NOT NULL
              EXCEPT SELECT id FROM subject) AS stale_keys,
        (SELECT pg_notify('coordinator_wake', 'admitted') FROM evented) AS notified,
@@ -110,6 +114,9 @@ LEFT JOIN (admitted r JOIN evented e ON e.run_id = r.id) ON true;
 -- (subject_keys, NULL for the shared %(data_key)s) is admitted only while that key is live.
 WITH gate AS MATERIALIZED (
     SELECT held, reason, actor, data_key AS reason_key FROM admission FOR SHARE
+), workflow_gates AS MATERIALIZED (  -- their workflows' starts held (schema 27), in order
+    SELECT workflow_id, held FROM workflow_holds
+    WHERE workflow_id = ANY (%(workflow_ids)s::text[]) ORDER BY workflow_id FOR SHARE
 ), subjects AS MATERIALIZED (
     SELECT id FROM data_keys WHERE id = ANY (%(subject_keys)s::bigint[]) AND erased_at IS NULL
     ORDER BY id FOR KEY SHARE
@@ -127,6 +134,7 @@ WITH gate AS MATERIALIZED (
          AS s (id, digest, workflow_id, start_key, start_digest, input, step, deadline,
                traceparent, subject_key, concurrency_key)
     WHERE NOT EXISTS (SELECT FROM gate WHERE held)
+      AND s.workflow_id NOT IN (SELECT workflow_id FROM workflow_gates WHERE held)
       AND (s.subject_key IS NULL OR s.subject_key IN (SELECT id FROM subjects))
       AND NOT EXISTS (SELECT FROM archived_runs a  -- a key is remembered past archiving
                       WHERE a.caller = %(caller)s AND a.start_key = s.start_key)
@@ -149,6 +157,7 @@ WITH gate AS MATERIALIZED (
     WHERE s.id IN (SELECT id FROM admitted)
 )
 SELECT gate.held, gate.reason, gate.actor, gate.reason_key,
+       ARRAY(SELECT workflow_id FROM workflow_gates WHERE held) AS held_workflows,
        ARRAY(SELECT k FROM unnest(%(subject_keys)s::bigint[]) k WHERE k IS NOT NULL
              EXCEPT SELECT id FROM subjects) AS stale_keys,
        (SELECT pg_notify('coordinator_wake', 'admitted') WHERE EXISTS (SELECT FROM evented))
@@ -891,6 +900,33 @@ ORDER BY sealed_at, step, attempt;
 -- name: console_run_counts
 -- How many runs each definition has in each state, ended runs too (a scan of all runs).
 SELECT digest, state, count(*) AS runs FROM runs GROUP BY digest, state;
+
+-- name: add_workflow_holds
+-- A row for each pinned workflow's starts to be held by, not held, made before a service serves.
+INSERT INTO workflow_holds (workflow_id)
+SELECT unnest(%(workflow_ids)s::text[])
+ON CONFLICT (workflow_id) DO NOTHING;
+
+-- name: set_workflow_hold
+-- Hold or release one workflow's starts, and record the change in admission's history.
+--
+-- Its reason is sealed under %(data_key)s, the shared key, with custody.
+WITH changed AS (
+    INSERT INTO workflow_holds (workflow_id, held, reason, actor, at, data_key)
+    VALUES (%(workflow_id)s, %(held)s, %(reason)s, %(actor)s, now(), %(data_key)s)
+    ON CONFLICT (workflow_id) DO UPDATE
+    SET held = excluded.held, reason = excluded.reason, actor = excluded.actor,
+        at = excluded.at, data_key = excluded.data_key
+    RETURNING workflow_id, held, reason, actor, at, data_key
+)
+INSERT INTO admission_events (at, held, reason, actor, data_key, workflow_id)
+SELECT at, held, reason, actor, data_key, workflow_id FROM changed;
+
+-- name: held_workflows
+-- The workflows whose starts are held: by whom, since when and why (sealed under reason_key).
+SELECT workflow_id, reason, actor, at, data_key AS reason_key FROM workflow_holds
+WHERE held AND (%(workflow_ids)s::text[] IS NULL OR workflow_id = ANY (%(workflow_ids)s::text[]))
+ORDER BY workflow_id;
 
 -- name: console_admission
 -- Whether admission is held, why, by whom and since when.
