@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from tests.support import Service, Services, coordinator
+from tests.support import Forms, Service, Services, coordinator
 
 LATER = "2099-01-01T00:00:00Z"
 
@@ -75,3 +75,24 @@ def test_one_workflows_starts_are_held_and_the_others_admitted(services: Service
     )
     assert unknown.status_code == 404 and unknown.json()["code"] == "workflow.not-pinned"
     assert "found-by-application, one-per-application" in unknown.json()["detail"]
+
+
+def test_the_console_holds_and_releases_one_workflows_starts(services: Services) -> None:
+    service = services(["found-by-application", "one-per-application"])
+    page = service.http.get("/console/admission")
+    form = Forms(page.text).by_button("Hold found-by-application's starts")
+    form.fields["reason"] = "its review step is being fixed"
+    done = service.http.post(
+        form.action, data=form.fields, headers={"Origin": service.url}, follow_redirects=True
+    )
+    assert done.status_code == 200 and "new starts are held." in done.text
+    assert "held</strong> by local-developer" in done.text
+    assert "“its review step is being fixed”" in done.text
+    assert "hold of <code>found-by-application</code>" in done.text
+    assert _start(service, "found-by-application").status_code == 503
+    release = Forms(done.text).by_button("Release found-by-application's starts")
+    release.fields["reason"] = "fixed"
+    service.http.post(release.action, data=release.fields, headers={"Origin": service.url})
+    assert _start(service, "found-by-application").status_code == 201
+    forged = service.http.post(release.action, data=release.fields)  # no console origin
+    assert forged.status_code == 403

@@ -126,11 +126,13 @@ class Admission:
     reason: str
     actor: str
     at: datetime
+    workflow: str | None = None  # the one workflow whose starts it held (None: every start)
 
     @classmethod
     def from_row(cls, row: Row, sealer: Sealer | None) -> Self:
         reason = admission_reason(sealer, row)
-        return cls(held=row["held"], reason=reason, actor=row["actor"], at=row["at"])
+        workflow = row.get("workflow_id")
+        return cls(row["held"], reason, row["actor"], row["at"], workflow)
 
 
 def _visible(caller: str | None, readable: frozenset[str] | None) -> dict[str, object]:

@@ -47,11 +47,12 @@ _ADMISSION = {"hold": True, "release": False}
 
 
 def _body(form: dict[str, str]) -> Callable[[], Awaitable[JSON]]:
-    """The form's reason, attestation and binding as the request body the API's actions
-    read."""
+    """The form's reason, attestation, binding and workflow as the request body the API's
+    actions read."""
 
     async def body() -> JSON:
-        return {field: form.get(field, "") for field in ("reason", "attestation", "binding")}
+        fields = ("reason", "attestation", "binding", "workflow")
+        return {field: form.get(field, "") for field in fields}
 
     return body
 
@@ -377,3 +378,15 @@ async def approval_decide(context: Context, approval: str, decision: str) -> Res
     reason = require_reason(form)
     decided, _ = await approvals.decide(context, approval, decision, who.caller.actor, reason)
     return redirect("/console/?" + urlencode({"done": decided.state}))
+
+
+async def workflow_starts_take(context: Context, change: str) -> Response:
+    """Hold or release the starts of the workflow the form names, with its reason, as the
+    API does; then the Admission page, which shows it."""
+    who = await visitor(context)
+    form = await checked_form(context, who)
+    held = _change(change)
+    if not form.get("workflow"):
+        raise Problem(400, "request.invalid-filter", "name the workflow whose starts to hold")
+    await admission.change(context, who.caller, held, _body(form))
+    return redirect("/console/admission?" + urlencode({"done": f"workflow-{change}"}))

@@ -31,7 +31,7 @@ from registry_coordinator.http.problems import Problem
 from registry_coordinator.http.requests import cursor, cursor_at, moment, next_cursor
 from registry_coordinator.http.routes import bulk, connections, probes, runs
 from registry_coordinator.semantics.codes import HoldCode, RunState
-from registry_coordinator.store import approvals, bulk_jobs, console_reads
+from registry_coordinator.store import approvals, bulk_jobs, console_reads, operator_actions
 from registry_coordinator.store.bulk_jobs import BulkState
 from registry_coordinator.store.console_reads import Execution, HeldWork, Sending
 
@@ -364,6 +364,7 @@ async def admission_page(context: Context) -> Response:
     operator = who.caller.operator
     events = await console_reads.admission_events(context.db) if operator else []
     paused = await connections.paused_by_name(context) if operator else []
+    held = {h.workflow: h for h in await operator_actions.held_workflow_starts(context.db, None)}
     done = request.args.get("done")
     return await page(
         context,
@@ -373,6 +374,10 @@ async def admission_page(context: Context) -> Response:
         events=events,
         done=done,
         connections=paused,
+        workflows=[
+            (name, held.get(name))
+            for name in sorted({p.definition.id for p in context.workflows.pinned})
+        ],
     )
 
 

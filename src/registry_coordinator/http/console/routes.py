@@ -46,6 +46,7 @@ ROUTES = (
     route("/console/admission", get=pages.admission_page),
     route("/console/admission/<change>", post=actions.admission_take),
     route("/console/admission/<change>/review", post=actions.admission_review),
+    route("/console/admission/workflows/<change>", post=actions.workflow_starts_take),
     route("/console/connections/<name>/<action>", post=actions.connection_take),
     route("/console/approvals/<approval>/<decision>", post=actions.approval_decide),
     route("/console/bulk", get=pages.bulk_page, post=actions.bulk_preview),

@@ -933,8 +933,8 @@ ORDER BY workflow_id;
 SELECT held, reason, actor, at, data_key AS reason_key FROM admission;
 
 -- name: console_admission_events
--- The latest holds and releases of admission, newest first.
-SELECT at, held, reason, actor, data_key AS reason_key FROM admission_events
+-- The latest holds and releases of admission, every start's or one workflow's, newest first.
+SELECT at, held, reason, actor, data_key AS reason_key, workflow_id FROM admission_events
 ORDER BY at DESC LIMIT %(limit)s;
 
 -- name: console_begin_login
