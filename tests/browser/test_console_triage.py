@@ -1,11 +1,11 @@
 """Triage after an outage in a real Chromium: 500 runs held at once, for three reasons.
 
 Held work counts them by what holds them, largest group first, each with its oldest and
-newest and a link to act on them all, then explains them a page at a time. The link
-opens a bulk job's form prefilled with the action the hold's advice recommends. The
-operator previews the job (nothing is done), starts it with a reason, pauses and resumes
-it, and watches it finish without a reload; the other two groups are left held. At phone
-width the groups fit the screen.
+newest and a link to act on them all, then explains them a page at a time, a run's id a
+click from the clipboard. The link opens a bulk job's form prefilled with the action the
+hold's advice recommends. The operator previews the job (nothing is done), starts it with
+a reason, pauses and resumes it, and watches it finish without a reload; the other two
+groups are left held. At phone width the groups fit the screen.
 """
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ def test_five_hundred_held_runs_are_counted_and_a_group_redriven_as_one_job(
     cards = page.locator("ol.held > li")
     expect(cards).to_have_count(25)  # a page at a time, not a cap
     first = set(cards.evaluate_all("items => items.map(item => item.id)"))
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    oldest = cards.nth(0)
+    oldest.get_by_role("button", name="Copy the run's id").click()
+    expect(oldest.get_by_role("button", name="Copy the run's id")).to_have_text("Copied")
+    copied = page.evaluate("() => navigator.clipboard.readText()")
+    assert f"held-{copied}" == oldest.get_attribute("id")
     page.get_by_role("link", name="The next 25 held runs →").click()
     expect(cards).to_have_count(25)
     second = set(cards.evaluate_all("items => items.map(item => item.id)"))

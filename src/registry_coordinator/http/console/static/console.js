@@ -71,6 +71,19 @@
     drawGraphs(document);
   }
 
+  // Copy buttons put a run's id or a key on the clipboard; without this file they stay hidden.
+  document.documentElement.classList.add("scripted");
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest("button.copy");
+    if (!button || !navigator.clipboard) return;
+    navigator.clipboard.writeText(button.dataset.copy).then(function () {
+      button.textContent = "Copied";
+      window.setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    }).catch(function () {
+      button.textContent = "Select it to copy";
+    });
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     drawGraphs(document);
     if (document.body.hasAttribute("data-live-page") && regions(document).length) {
