@@ -236,3 +236,36 @@ async def test_the_connection_trace_tells_when_a_request_leaves(
     assert reply.status == 200
     assert sending.left and Sending.proven and not sending.never_left
     assert len(product.ledger.requests) == 1
+
+
+@pytest.mark.trio
+async def test_a_request_sealed_before_a_products_pause_is_not_sent_and_waits_unsealed(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The product asks for a minute's pause (another run heard its 429) while this
+    mutation is being sealed: the request is not sent, recorded so, and tried again after
+    the pause. It used to wait out the minute marked dispatched, where a kill would have
+    left its outcome unknown and held the run for an operator."""
+    monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
+    async with breg(dsn) as (db, product, port):
+        config = breg_config(tmp_path, dsn, "act", port)
+        definition, run, send = await claimed_call(db, "act")
+        sealing = Paused(db, after="dispatch_call")
+        async with call_pool(config, sealing) as calls:
+            calls.submit(definition, run, send.request)
+            await sealing.reached.wait()
+            for connection in calls.products.values():
+                connection.pace.slow_down(timedelta(minutes=1))
+            sealing.go()
+            with trio.fail_after(10):  # not the minute
+                while run_row(dsn)["dispatched_at"] is not None:
+                    await trio.sleep(0.05)
+    assert invocations(product) == []  # sealed, never sent
+    history = events(dsn, str(run.id))
+    assert [e["kind"] for e in history] == [
+        "admitted",
+        "call-dispatched",
+        "call-not-sent",
+        "retry-scheduled",
+    ]
+    assert "asked for 60 s more before another request" in history[2]["detail"]["detail"]

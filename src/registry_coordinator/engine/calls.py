@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
@@ -107,6 +108,10 @@ KEPT_ERROR_BODY = 2048
 SLOW_DOWN = frozenset({429, 503})
 #: The longest a product's Retry-After holds back its connection (its run waits its own).
 LONGEST_PAUSE = timedelta(minutes=5)
+#: The longest a request sealed and marked dispatched waits at its connection's gate for a
+#: product's pause that came after it was sealed; past this it is not sent (and tried again
+#: after the pause), so that a kill during the wait leaves no outcome unknown.
+LONGEST_GATE_WAIT = 1.0
 
 #: Told what became of one read that was sent: its result class and the seconds it took.
 Observe = Callable[[str, float], None]
@@ -259,11 +264,21 @@ class Product:
         trace: Mapping[str, str] = tracing.NO_HEADERS,
     ) -> Reply:
         """Send one request; transport trouble becomes a Reply, never an exception. A
-        failure before the request began to leave (``sending``) is not-sent, after it lost.
+        failure before the request began to leave (``sending``) is not-sent, after it lost;
+        so is a request its product asked, since it was sealed, to wait for longer than
+        :data:`LONGEST_GATE_WAIT`: a wait with it marked dispatched would leave its outcome
+        unknown to a kill meanwhile.
 
         The caller holds a slot of :attr:`limiter`.
         """
         sending = sending or Sending()
+        paused = self.pace.paused_until - trio.current_time()
+        if paused > LONGEST_GATE_WAIT:  # a product's pause heard since it was sealed
+            return Reply(
+                ReplyKind.NOT_SENT,
+                detail=f"the product asked for {math.ceil(paused)} s more before another "
+                "request (Retry-After): not sent, taken again after it",
+            )
         await self.pace.leave()
         sending.begun = True
         headers = {**dict(request.headers), **trace}
