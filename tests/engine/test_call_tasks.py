@@ -17,7 +17,7 @@ import trio
 from registry_coordinator import store
 from registry_coordinator.authoring.catalog import builtin_catalog
 from registry_coordinator.authoring.definition import Definition
-from registry_coordinator.engine.calls import Sending, open_products
+from registry_coordinator.engine.calls import Calls, Sending, open_products
 from registry_coordinator.engine.workflows import Workflows
 from registry_coordinator.http import operations
 from registry_coordinator.semantics.codes import RunState
@@ -37,6 +37,14 @@ from tests.support import (
     events,
     invocations,
 )
+
+
+async def _sealed(
+    calls: Calls, sealing: Paused, definition: Definition, run: store.Claimed, send: Send
+) -> None:
+    """The run's mutation submitted, until its sealing statement has run (not returned)."""
+    calls.submit(definition, run, send.request)
+    await sealing.reached.wait()
 
 
 def run_row(dsn: str) -> dict[str, object]:
@@ -92,12 +100,10 @@ async def test_a_request_sealed_as_the_shutdown_came_is_recorded_as_not_sent(
     be held as interrupted, a mutation that was never sent."""
     monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
     async with breg(dsn) as (db, product, port):
-        config = breg_config(tmp_path, dsn, "act", port)
         definition, run, send = await claimed_call(db, "act")
         sealing = Paused(db, after="dispatch_call")
-        async with call_pool(config, sealing) as calls:
-            calls.submit(definition, run, send.request)
-            await sealing.reached.wait()
+        async with call_pool(breg_config(tmp_path, dsn, "act", port), sealing) as calls:
+            await _sealed(calls, sealing, definition, run, send)
             await calls.drain(timedelta(0))  # the shutdown
             sealing.go()
         with sync_connection(dsn) as conn:  # its retry has come
@@ -248,12 +254,10 @@ async def test_a_request_sealed_before_a_products_pause_is_not_sent_and_waits_un
     left its outcome unknown and held the run for an operator."""
     monkeypatch.setenv("STANDIN_TOKEN", STANDIN_TOKEN)
     async with breg(dsn) as (db, product, port):
-        config = breg_config(tmp_path, dsn, "act", port)
         definition, run, send = await claimed_call(db, "act")
         sealing = Paused(db, after="dispatch_call")
-        async with call_pool(config, sealing) as calls:
-            calls.submit(definition, run, send.request)
-            await sealing.reached.wait()
+        async with call_pool(breg_config(tmp_path, dsn, "act", port), sealing) as calls:
+            await _sealed(calls, sealing, definition, run, send)
             for connection in calls.products.values():
                 connection.pace.slow_down(timedelta(minutes=1))
             sealing.go()
