@@ -63,8 +63,14 @@ class Pace:
         await trio.sleep_until(self._turn(self._tickets))
 
     async def leave(self) -> None:
-        """Wait until a request may be sent."""
-        await trio.sleep_until(self._turn(self._sending))
+        """Wait until a request may be sent. A request whose turn has come passes with one
+        checkpoint, not a timed sleep until an instant already past, which cost four times
+        a checkpoint (``./run bench pacing``: docs/performance.md)."""
+        turn = self._turn(self._sending)
+        if turn <= trio.current_time():
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.sleep_until(turn)
 
     def slow_down(self, wait: timedelta) -> None:
         """The product asked for ``wait`` before more: nothing more goes to it until then."""
