@@ -144,6 +144,7 @@ TREE = {
         "--version": OPTIONAL,
         "--state": OPTIONAL,
         "--hold-code": OPTIONAL,
+        "--connection": OPTIONAL,
         "--admitted-after": OPTIONAL,
         "--admitted-before": OPTIONAL,
         "--field": OPTIONAL,

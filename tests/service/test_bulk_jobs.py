@@ -258,17 +258,22 @@ def test_bad_bulk_requests_are_refused_naming_what_to_change(dsn: str, services:
 
 def test_a_redrive_resends_each_held_runs_request_once(dsn: str, services: Services) -> None:
     """Three runs held outcome-unknown (Messaging applied each; the answers never came):
-    a retry-same job chosen by their hold code resends each sealed request once, under its
-    key, and every run finishes with the message Messaging made the first time."""
+    a retry-same job chosen by their connection and hold code resends each sealed request
+    once, under its key, and every run finishes with the message Messaging made the first
+    time."""
     notices = {"requestTimeout": "PT1S", "verification": {"attempts": 0}}
     service, products = services.deploy(["notify"], {"notices": ("messaging", notices)})
     products.faults("messaging", {**HANG_ONCE, "times": 3})
     runs = [service.start_run("notify", {"email": f"held-{n}@example.org"}) for n in range(3)]
     for run in runs:
         wait_state(dsn, run, RunState.HELD)
+    listed = service.http.get("/v1/runs", params={"connection": "notices", "state": "held"})
+    assert sorted(r["id"] for r in listed.json()["runs"]) == sorted(runs)
+    unknown = service.http.get("/v1/runs", params={"connection": "faxes"})
+    assert unknown.status_code == 400 and "the configured ones are notices" in unknown.text
     body = {
         "action": "retry-same",
-        "filter": {"workflow": "notify", "state": "held", "holdCode": "outcome-unknown"},
+        "filter": {"connection": "notices", "state": "held", "holdCode": "outcome-unknown"},
     }
     job = service.http.post("/v1/bulk-jobs", json=body).json()
     assert sorted(r["id"] for r in job["sample"]) == sorted(runs)

@@ -113,7 +113,10 @@ def test_a_field_no_workflow_declares_is_refused_naming_those_that_are(
         ),
         ({"field": "applicationId"}, "field must be NAME:VALUE"),
         ({"field": "applicationId:"}, "field must be NAME:VALUE"),
-        ({"field": "office:north", "archived": "true"}, "archived runs are not found by"),
+        (
+            {"field": "office:north", "archived": "true"},
+            "archived runs are not found by search fields",
+        ),
     ):
         answer = service.http.get("/v1/runs", params=asked)
         assert answer.status_code == 400, (asked, answer.text)

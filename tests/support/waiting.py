@@ -18,10 +18,14 @@ Found = TypeVar("Found")
 
 #: Sessions of this database whose admission of a run waits on a lock: a test holding a
 #: lock open waits for it with :func:`wait_for` (``wait_for(dsn, ADMISSION_WAITING, 1)``).
+#: A statement is known by its first line, the named query's description
+#: (``admit_run``, ``admit_runs``): ``pg_stat_activity`` keeps only the first kilobyte of
+#: its text (``track_activity_query_size``), where the INSERT itself may not be.
 ADMISSION_WAITING = """
     SELECT count(*) FROM pg_stat_activity
     WHERE datname = current_database() AND wait_event_type = 'Lock'
-      AND position('INSERT INTO runs' IN query) > 0
+      AND (starts_with(query, '-- A new run, due at once')
+           OR starts_with(query, '-- A batch''s new runs, due at once'))
 """
 
 

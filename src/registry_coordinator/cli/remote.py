@@ -121,6 +121,7 @@ def add_commands(commands: Commands) -> None:
     preview.add_argument("--version")
     preview.add_argument("--state")
     preview.add_argument("--hold-code")
+    preview.add_argument("--connection", help="runs at a call over this connection")
     preview.add_argument("--admitted-after", metavar="INSTANT")
     preview.add_argument("--admitted-before", metavar="INSTANT")
     preview.add_argument("--field", action="append", metavar="NAME:VALUE")

@@ -157,6 +157,7 @@ def _bulk(args: argparse.Namespace) -> tuple[str, str, JSON, dict[str, Any], dic
             "version": args.version,
             "state": args.state,
             "holdCode": args.hold_code,
+            "connection": args.connection,
             "admittedAfter": args.admitted_after,
             "admittedBefore": args.admitted_before,
             "fields": args.field,

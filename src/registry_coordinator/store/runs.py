@@ -1029,6 +1029,10 @@ class RunFilter:
     text: str | None = None
     fields: tuple[tuple[str, str], ...] = ()
     hold_code: str | None = None
+    #: Runs at a call step over this connection: ``at_steps``, the (digest, step) pairs of
+    #: the pinned definitions' calls over it, or where the step's sending went.
+    connection: str | None = None
+    at_steps: tuple[tuple[str, str], ...] = ()
 
 
 def _containing(text: str | None) -> str | None:
@@ -1050,6 +1054,9 @@ async def runs_page(
             **_visible(which, after),
             "version": which.version,
             "hold_code": which.hold_code,
+            "connection": which.connection,
+            "at_digests": [digest for digest, _ in which.at_steps],
+            "at_steps": [step for _, step in which.at_steps],
             "started_by": which.started_by,
             "since": which.since,
             "until": which.until,

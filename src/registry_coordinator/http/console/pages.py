@@ -461,6 +461,7 @@ async def bulk_page(context: Context) -> Response:
         states=list(RunState),
         holds=list(HoldCode),
         search_names=sorted({n for p in pinned for n in p.definition.search}),
+        connections=sorted(context.products),
     )
 
 

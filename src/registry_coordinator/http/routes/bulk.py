@@ -45,6 +45,7 @@ FILTER_FIELDS = (
     "version",
     "state",
     "holdCode",
+    "connection",
     "admittedAfter",
     "admittedBefore",
     "fields",
@@ -106,6 +107,8 @@ def asked(context: Context, body: JSON) -> Asked:
         until=moment("filter.admittedBefore", _text(given, "admittedBefore")),
         fields=runs.search_fields(context, workflow, [str(f) for f in fields]),
         hold_code=_text(given, "holdCode"),
+        connection=_text(given, "connection"),
+        at_steps=runs.calls_over(context, _text(given, "connection")),
     )
     kept = {k: v for k, v in given.items() if v not in (None, "", [])}
     return Asked(str(action), kept, which, rate)

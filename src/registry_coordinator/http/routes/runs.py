@@ -18,6 +18,7 @@ from quart import Response, request
 from registry_coordinator import store
 from registry_coordinator.authoring.canonical import JSON, storable
 from registry_coordinator.authoring.expressions import format_instant
+from registry_coordinator.authoring.workflow import Call
 from registry_coordinator.http import operations
 from registry_coordinator.http.auth import Caller
 from registry_coordinator.http.context import Context
@@ -238,6 +239,26 @@ def search_fields(
     return tuple(fields)
 
 
+def calls_over(context: Context, connection: str | None) -> tuple[tuple[str, str], ...]:
+    """The (digest, step) of each pinned definition's call over ``connection``, for a
+    filter of the runs at one (refused unless the connection is configured)."""
+    if connection is None:
+        return ()
+    if connection not in context.products:
+        raise Problem(
+            400,
+            "request.invalid-filter",
+            f"no connection {connection}: the configured ones are "
+            f"{', '.join(sorted(context.products)) or 'none'}",
+        )
+    return tuple(
+        (pinned.digest, step.id)
+        for pinned in context.workflows.pinned
+        for step in pinned.definition.workflow.steps.values()
+        if isinstance(step, Call) and step.connection == connection
+    )
+
+
 def visible_to(who: Caller) -> tuple[str | None, frozenset[str] | None]:
     """Whose runs ``who`` may read (None: everyone's), of which workflows (None: all): an
     operator every run, a client its own of the workflows its policies let it read."""
@@ -262,17 +283,25 @@ async def listing(context: Context) -> Response:
     if archived not in ("true", "false"):
         raise Problem(400, "request.invalid-filter", "archived must be true or false")
     fields = search_fields(context, workflow, request.args.getlist("field"))
+    connection = request.args.get("connection") or None
     caller, readable = visible_to(who)
     which = store.RunFilter(
-        caller=caller, readable=readable, state=state, workflow=workflow, fields=fields
+        caller=caller,
+        readable=readable,
+        state=state,
+        workflow=workflow,
+        fields=fields,
+        connection=connection,
+        at_steps=calls_over(context, connection),
     )
     after = cursor(request.args.get("cursor"))
     if archived == "true":
-        if fields:
+        if fields or connection:
             raise Problem(
                 400,
                 "request.invalid-filter",
-                "archived runs are not found by search fields: leave out field, or archived",
+                "archived runs are not found by search fields or connection: leave those "
+                "out, or archived",
             )
         gone_runs = await store.archived_page(context.db, which, after, limit + 1)
         return _page(gone_runs, limit, archived_status)

@@ -768,7 +768,8 @@ ORDER BY attempt DESC LIMIT 1;
 -- run's hold code, the workflow and its version, who started the run (started_by, unlike
 -- caller, is a filter and not a limit), admitted in [since, until), %(contains)s, a LIKE
 -- pattern (its user's text escaped by the store) matched against the start key or the
--- input's text, and %(terms)s, the search fields' terms (run_search) a run must have every one of.
+-- input's text, %(terms)s, the search fields' terms (run_search) a run must have every one of,
+-- and %(connection)s, a connection a run's step calls.
 SELECT r.id, r.workflow_id, d.version, r.digest, r.caller, r.state, r.step, r.seq, r.attempt,
        r.timer_at, r.outcome, r.output, r.data_key, r.failure_code, r.hold_code, r.detail,
        r.admitted_at, r.deadline_at, r.updated_at, r.ended_at,
@@ -794,6 +795,11 @@ WHERE (%(caller)s::text IS NULL OR r.caller = %(caller)s)
   AND (%(contains)s::text IS NULL
        OR r.start_key ILIKE %(contains)s
        OR (r.data_key IS NULL AND r.input::text ILIKE %(contains)s))
+  AND (%(connection)s::text IS NULL  -- at a call over the connection: a pinned one's step,
+       OR (r.digest, r.step) IN (   -- or where its step's sending went
+           SELECT * FROM unnest(%(at_digests)s::text[], %(at_steps)s::text[]))
+       OR EXISTS (SELECT FROM executions x WHERE x.run_id = r.id AND x.step = r.step
+                  AND x.binding ->> 'connection' = %(connection)s))
   AND (%(terms)s::text[] IS NULL OR r.id IN (  -- every one of its search terms (distinct)
        SELECT s.run_id FROM run_search s WHERE s.term = ANY (%(terms)s::text[])
        GROUP BY s.run_id HAVING count(*) = cardinality(%(terms)s::text[])))
