@@ -23,7 +23,7 @@ import pytest
 from registry_coordinator.semantics.codes import RunState
 from tests.support import HANG_ONCE, Service, Services, coordinator, until, wait_state
 
-LATER = "2099-01-01T00:00:00Z"
+LATER, PAST = "2099-01-01T00:00:00Z", "2020-01-01T00:00:00Z"
 WORKFLOW = "found-by-application"
 BAD = "request.invalid-filter"
 
@@ -285,3 +285,36 @@ def test_a_redrive_resends_each_held_runs_request_once(dsn: str, services: Servi
     keys = sorted(r["key"] for r in sent)
     assert len(sent) == 6 and len(set(keys)) == 3, keys  # each request twice, one key each
     assert len({r["bodySha256"] for r in sent}) == 3  # byte for byte as sealed
+
+
+def test_a_run_whose_data_does_not_open_is_refused_and_the_job_goes_on(
+    dsn: str, services: Services
+) -> None:
+    """Between the preview and the start, a run is given another run's sealed output: the
+    job settles it refused, naming why, takes the others, and the service serves on (a
+    run that cannot be read used to end the runner, and with it the service)."""
+    service = services([WORKFLOW])
+    office = f"u{uuid.uuid4().hex[:8]}"
+    given = [{"applicationId": f"{office}-{n}", "office": office} for n in range(3)]
+    batch = {
+        "starts": [
+            {"key": str(uuid.uuid4()), "workflow": WORKFLOW, "input": {**g, "until": PAST}}
+            for g in given
+        ]
+    }
+    runs = [
+        r["run"]["id"] for r in service.http.post("/v1/runs:batch", json=batch).json()["results"]
+    ]
+    for run in runs:
+        wait_state(dsn, run, RunState.FINISHED)
+    job = _preview(service, office)
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "UPDATE runs SET output = (SELECT output FROM runs WHERE id = %s) WHERE id = %s",
+            (uuid.UUID(runs[0]), uuid.UUID(runs[1])),
+        )
+    _change(service, job["id"], "start")
+    done = _done(service, job["id"])
+    codes = {r["run"]: r["code"] for r in done["notActedOn"]}
+    assert codes == {runs[0]: "run.ended", runs[1]: "run.data-unopenable", runs[2]: "run.ended"}
+    assert service.http.get("/health").status_code == 200

@@ -26,6 +26,7 @@ import trio
 
 from registry_coordinator import store
 from registry_coordinator.config import Rate
+from registry_coordinator.custody import Unopenable
 from registry_coordinator.engine.backoff import DATABASE_OUTAGE
 from registry_coordinator.engine.pacing import Pace
 from registry_coordinator.http.context import Context
@@ -47,6 +48,9 @@ IDLE = 5.0
 BATCH = 50
 #: Who a job's own changes are recorded as (its end).
 SERVICE = "coordinator"
+#: Why a run was not acted on where no refusal of the action's says: its sealed data does
+#: not open here, or a defect of Coordinator's met taking it.
+_UNOPENABLE, _DEFECT = "run.data-unopenable", "engine-defect"
 
 
 class BulkRunner:
@@ -99,7 +103,22 @@ class BulkRunner:
     async def _one(
         self, job: bulk_jobs.BulkJob, run_id: uuid.UUID, fence: JobFence, said: Said
     ) -> None:
-        """Take the job's action on one run, or settle why not."""
+        """Take the job's action on one run, or settle why not: a run whose data does not
+        open here, or that meets a defect of ours, is settled refused with its code (and
+        the defect logged), and the job goes on: one run never stops the others."""
+        try:
+            await self._take(job, run_id, fence, said)
+        except Unopenable:
+            await bulk_jobs.settle(self.context.db, job.id, run_id, Settled.REFUSED, _UNOPENABLE)
+        except Unavailable:
+            raise  # the database's outage: the job is taken again once it is back
+        except Exception:
+            log.exception("bulk job %s: a defect taking run %s", job.id, run_id)
+            await bulk_jobs.settle(self.context.db, job.id, run_id, Settled.REFUSED, _DEFECT)
+
+    async def _take(
+        self, job: bulk_jobs.BulkJob, run_id: uuid.UUID, fence: JobFence, said: Said
+    ) -> None:
         db = self.context.db
         run = await store.status(db, run_id)
         if run is None:  # archived since the preview
