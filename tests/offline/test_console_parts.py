@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import timedelta
 from importlib import resources
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from registry_coordinator.authoring.workflow import Workflow
 from registry_coordinator.config import load_config
 from registry_coordinator.http.console import render, wording
 from registry_coordinator.http.console.issuer import challenge, random_token
+from registry_coordinator.http.console.render import span
 from registry_coordinator.http.routes.runs import ACTIONS
 from registry_coordinator.semantics.codes import HoldCode
 from tests.support import ROOT, WORKFLOWS, refused
@@ -143,3 +145,15 @@ def test_the_example_configuration_documents_the_console() -> None:
     text = (ROOT / "config" / "coordinator.example.yaml").read_text()
     for field in ("clientId", "publicUrl", "scopes"):
         assert re.search(rf"^\s+#?\s*{field}:", text, re.MULTILINE), field
+
+
+def test_a_duration_reads_in_its_two_largest_units() -> None:
+    assert [span(timedelta(seconds=s)) for s in (0.0123, 0.5, 12.34, 61, 3725, 90061)] == [
+        "12 ms",
+        "500 ms",
+        "12.3 s",
+        "1 min 1 s",
+        "1 h 2 min",
+        "1 d 1 h",
+    ]
+    assert span(None) == "—"

@@ -9,6 +9,7 @@ page beside them counts the live states as tabs that keep its other filters.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import psycopg
@@ -99,6 +100,9 @@ def test_runs_are_found_by_a_fields_exact_value(dsn: str, services: Services) ->
     assert page.status_code == 200 and f'id="run-{exact}"' in page.text
     assert not any(f'id="run-{run}"' in page.text for run in longer)
     assert "Field is exactly" in page.text and "<code>office</code>" in page.text
+    shown = service.http.get(f"/console/runs/{exact}").text  # a finished run's durations
+    assert re.search(r"<dt>Ended</dt><dd>[^<]+, [0-9.]+ (ms|s) after it started</dd>", shown)
+    assert re.search(r"<code>sleep</code> — done [^<]+, in [0-9.]+ (ms|s)</li>", shown), shown
 
 
 def test_a_field_no_workflow_declares_is_refused_naming_those_that_are(

@@ -11,7 +11,7 @@ from the same reads as the API's answers (``runs.run_status``), so the console a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import Metric
 from quart import Response, request
@@ -22,6 +22,7 @@ from registry_coordinator.authoring.catalog import Recovery
 from registry_coordinator.authoring.definition import Definition
 from registry_coordinator.authoring.diagnostics import Refused
 from registry_coordinator.authoring.drawing import dot
+from registry_coordinator.authoring.expressions import parse_instant
 from registry_coordinator.authoring.workflow import Call
 from registry_coordinator.http.console import wording
 from registry_coordinator.http.console.render import html
@@ -305,7 +306,26 @@ async def run_page(context: Context, run_id: str) -> Response:
         event_words=wording.EVENTS,
         done=_done(request.args.get("done"), events),
         waiting=await approvals.waiting_on(context.db, run.id),
+        took=_durations(run, events, detail.completed or {}),
     )
+
+
+def _durations(
+    run: store.RunStatus, events: list[store.HistoryEvent], completed: dict[str, str]
+) -> dict[str, timedelta]:
+    """How long the run took (``""``: so far, if it has not ended), each step it completed
+    took (from its first event to its completion), and the step it is at so far."""
+    now = datetime.now(UTC)
+    entered: dict[str, datetime] = {}
+    for event in events:
+        entered.setdefault(event.step, event.at)
+    took = {"": (run.ended_at or now) - run.admitted_at}
+    for step, at in completed.items():
+        if step in entered:
+            took[step] = parse_instant(at) - entered[step]
+    if run.ended_at is None and run.step in entered and run.step not in completed:
+        took[run.step] = now - entered[run.step]
+    return took
 
 
 #: The history event each console action leaves, by the ``done`` its redirect names.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
 
@@ -99,6 +99,25 @@ def _ago(value: datetime | None) -> str:
     return "just now"
 
 
+def span(value: timedelta | None) -> str:
+    """A duration in its two largest units, or milliseconds under a second: how long a run
+    or a step took, or has been waiting."""
+    if value is None:
+        return "—"
+    seconds = value.total_seconds()
+    if seconds < 1:
+        return f"{max(seconds, 0) * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if whole >= size:
+            parts.append(f"{whole // size} {unit}")
+            whole %= size
+    return " ".join(parts[:2])
+
+
 def _pretty(value: JSON) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
@@ -112,7 +131,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(instant=_instant, ago=_ago, pretty=_pretty)
+    env.filters.update(instant=_instant, ago=_ago, pretty=_pretty, span=span)
     env.globals.update(asset=asset_url)
     return env
 
