@@ -82,8 +82,9 @@ async def readiness(context: Context) -> dict[str, JSON]:
 
 
 async def _admission(context: Context) -> dict[str, JSON]:
-    """Whether new starts are held, every one or some workflows' (by whom and since when;
-    the reasons are for operators): reported, not a reason to be unready."""
+    """Whether new starts are held, every one or some workflows' (since when; who and why
+    are for operators, as a paused connection's are): reported, not a reason to be
+    unready."""
     try:
         now = await console_reads.admission(context.db)
         held = await operator_actions.held_workflow_starts(context.db, None)
@@ -92,9 +93,7 @@ async def _admission(context: Context) -> dict[str, JSON]:
     return {
         "ok": True,
         "held": bool(now and now.held),
-        "heldWorkflows": [
-            {"workflow": h.workflow, "by": h.actor, "since": instant(h.at)} for h in held
-        ],
+        "heldWorkflows": [{"workflow": h.workflow, "since": instant(h.at)} for h in held],
     }
 
 
