@@ -10,9 +10,7 @@ from playwright.sync_api import Page, expect
 
 from registry_coordinator.semantics.codes import RunState
 from tests.browser.pages import screenshot
-from tests.support import HANG_ONCE, Services, events, started_by_case_portal, wait_state
-
-NOTICES = {"requestTimeout": "PT1S", "verification": {"attempts": 0}, "fourEyes": True}
+from tests.support import Services, events, held_notice, wait_state
 
 
 def _sign_in(page: Page, url: str, person: str) -> None:
@@ -24,14 +22,7 @@ def _sign_in(page: Page, url: str, person: str) -> None:
 def test_a_resend_in_doubt_waits_for_a_second_operator_in_the_console(
     dsn: str, services: Services, page: Page
 ) -> None:
-    service, products = services.deploy(
-        ["notify"], {"notices": ("messaging", NOTICES)}, sign_in=True
-    )
-    products.faults("messaging", HANG_ONCE)
-    run, _ = started_by_case_portal(
-        services, service, "notify", {"email": "a@example.org"}, "notice-1"
-    )
-    wait_state(dsn, run, RunState.HELD)
+    service, products, run, _ = held_notice(dsn, services, fourEyes=True)
 
     _sign_in(page, service.url, "ada")
     page.goto(f"{service.url}/console/runs/{run}")

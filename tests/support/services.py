@@ -139,12 +139,15 @@ def moved(config: Path, connection: str, port: int) -> Path:
     return copy
 
 
-def held_notice(dsn: str, services: Services) -> tuple[Service, StandIns, str, str]:
+def held_notice(
+    dsn: str, services: Services, **settings: Any
+) -> tuple[Service, StandIns, str, str]:
     """A service whose people sign in at the stand-in issuer, with one run of ``notify`` the
     case portal started, held outcome-unknown (Messaging applied it; its answer never came),
     and the case portal's token. The connection asks Messaging nothing itself (no
-    verification), so the run is held at once, its receipt left for an operator's reconcile."""
-    notices = {"requestTimeout": "PT1S", "verification": {"attempts": 0}}
+    verification), so the run is held at once, its receipt left for an operator's reconcile;
+    ``settings`` are more of the connection's (``fourEyes``)."""
+    notices = {"requestTimeout": "PT1S", "verification": {"attempts": 0}, **settings}
     service, products = services.deploy(
         ["notify"], {"notices": ("messaging", notices)}, sign_in=True
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from registry_coordinator.cli.tree import Commands, Handler
@@ -96,13 +96,13 @@ def add_commands(commands: Commands) -> None:
     )
     verbs = connections.add_subparsers(dest="action", required=True, parser_class=type(runs))
     verbs.add_parser("list", parents=[common], help="each connection, and its pause if paused")
-    for name, what in (
+    _with_reason(
+        verbs,
+        common,
+        "connection",
         ("pause", "send no call over a connection until it is resumed (runs wait)"),
         ("resume", "resume a connection: the runs that waited go on"),
-    ):
-        verb = verbs.add_parser(name, parents=[common], help=what)
-        verb.add_argument("connection")
-        verb.add_argument("--reason", required=True)
+    )
 
     bulk = commands.add_parser(
         "bulk", help="one action on every run a filter finds, as a durable job (operators)"
@@ -129,28 +129,28 @@ def add_commands(commands: Commands) -> None:
     jobs.add_parser("list", parents=[common], help="the latest jobs")
     show = jobs.add_parser("show", parents=[common], help="a job's progress and changes")
     show.add_argument("job")
-    for name, what in (
+    _with_reason(
+        jobs,
+        common,
+        "job",
         ("start", "start a previewed job: each run's history is given the reason"),
         ("pause", "take no more runs until it is resumed"),
         ("resume", "go on taking runs"),
         ("cancel", "take no more runs, ever"),
-    ):
-        verb = jobs.add_parser(name, parents=[common], help=what)
-        verb.add_argument("job")
-        verb.add_argument("--reason", required=True)
+    )
 
     approvals = commands.add_parser(
         "approvals", help="actions waiting for a second operator (fourEyes connections)"
     )
     asks = approvals.add_subparsers(dest="action", required=True, parser_class=type(runs))
     asks.add_parser("list", parents=[common], help="the actions waiting, the oldest first")
-    for name, what in (
+    _with_reason(
+        asks,
+        common,
+        "approval",
         ("approve", "take the action another operator asked for"),
         ("reject", "take nothing: the run stays as it is"),
-    ):
-        verb = asks.add_parser(name, parents=[common], help=what)
-        verb.add_argument("approval")
-        verb.add_argument("--reason", required=True)
+    )
 
     erase = commands.add_parser(
         "erase",
@@ -159,6 +159,20 @@ def add_commands(commands: Commands) -> None:
     )
     erase.add_argument("--subject", required=True, help="the id the workflow's subject gives")
     erase.add_argument("--reason", required=True)
+
+
+def _with_reason(
+    verbs: Any,
+    common: argparse.ArgumentParser,
+    target: str,
+    *named: tuple[str, str],
+) -> None:
+    """A command for each ``(name, help)`` of ``named`` that changes one ``target`` (its
+    positional argument) and records why (``--reason``, required)."""
+    for name, what in named:
+        verb = verbs.add_parser(name, parents=[common], help=what)
+        verb.add_argument(target)
+        verb.add_argument("--reason", required=True)
 
 
 def handlers() -> dict[str, Handler]:

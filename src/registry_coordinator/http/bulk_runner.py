@@ -12,8 +12,8 @@ be taken twice. A resend or a reconcile's receipt lookup then goes through its
 connection's own rate limit too. A run the action refuses is settled ``refused`` with the
 problem's code; one whose seq moved, ``changed``.
 
-Told of a job started or resumed (``bulk`` on the wake channel, or by this process), it
-looks at once; otherwise every few seconds.
+Told of a job started or resumed (``bulk`` on the wake channel, or by this process, and
+whenever its listener connects), it looks at once; otherwise once a lease's length.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 #: How long a process holds a job between two of its runs before another may take it.
 LEASE = timedelta(seconds=30)
-#: How often an idle runner looks for a job no notice told it of.
-IDLE = 5.0
+#: How often an idle runner looks for a job no notice told it of: one whose holder died
+#: (its lease ends after as long), or one started while this process's listener was away.
+IDLE = LEASE.total_seconds()
 #: How many of a job's runs are read at once.
 BATCH = 50
 #: Who a job's own changes are recorded as (its end).
@@ -113,7 +114,7 @@ class BulkRunner:
         except Unavailable:
             raise  # the database's outage: the job is taken again once it is back
         except Exception:
-            log.exception("bulk job %s: a defect taking run %s", job.id, run_id)
+            log.exception("bulk job %s: a defect taking a run", job.id, extra={"run": run_id})
             await bulk_jobs.settle(self.context.db, job.id, run_id, Settled.REFUSED, _DEFECT)
 
     async def _take(

@@ -83,7 +83,7 @@ class JobFence:
 
 @dataclass(frozen=True)
 class BulkJob:
-    """A job as ``bulk_job`` reads it: what it does, to how many runs, and how far it is."""
+    """A job as ``bulk_jobs`` reads it: what it does, to how many runs, and how far it is."""
 
     id: uuid.UUID
     action: str
@@ -183,14 +183,14 @@ async def preview(
 
 
 async def job(db: Database, job_id: uuid.UUID) -> BulkJob | None:
-    row = await db.row("bulk_job", {"id": job_id})
+    row = await db.row("bulk_jobs", {"id": job_id, "limit": 1})
     return None if row is None else BulkJob.from_row(db, row)
 
 
 async def latest(db: Database, limit: int) -> list[BulkJob]:
-    """The latest ``limit`` jobs, newest first."""
-    found = [await job(db, row["id"]) for row in await db.rows("bulk_jobs", {"limit": limit})]
-    return [j for j in found if j is not None]
+    """The latest ``limit`` jobs, newest first, in one read."""
+    rows = await db.rows("bulk_jobs", {"id": None, "limit": limit})
+    return [BulkJob.from_row(db, row) for row in rows]
 
 
 async def settled(db: Database, job_id: uuid.UUID, limit: int, *, every: bool) -> list[JobRun]:

@@ -1531,8 +1531,8 @@ SELECT %(job)s, p.position, p.run_id, p.seq
 FROM unnest(%(positions)s::integer[], %(runs)s::uuid[], %(seqs)s::integer[])
      AS p (position, run_id, seq);
 
--- name: bulk_job
--- One bulk job, with how many of its runs are settled each way and how many are left.
+-- name: bulk_jobs
+-- Bulk jobs (the one of %(id)s, or the latest), each with its runs counted by how they settled.
 SELECT j.id, j.action, j.filter, j.filter_key, j.state, j.per_second, j.created_at,
        j.created_by, j.started_by, j.reason, j.reason_key, j.updated_at,
        c.total, c.pending, c.acted, c.unconfirmed, c.changed, c.refused
@@ -1546,11 +1546,9 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE outcome = 'refused') AS refused
     FROM bulk_job_runs WHERE job_id = j.id
 ) c
-WHERE j.id = %(id)s;
-
--- name: bulk_jobs
--- The latest bulk jobs, newest first.
-SELECT id FROM bulk_jobs ORDER BY created_at DESC, id DESC LIMIT %(limit)s;
+WHERE %(id)s::uuid IS NULL OR j.id = %(id)s
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s;
 
 -- name: bulk_job_settled
 -- A job's runs settled other than acted, or all of them, in the order it took them.
